@@ -1,0 +1,529 @@
+#!/usr/bin/env python3
+"""A real, local Kubernetes control plane with simulated GPU nodes, without Docker.
+
+It runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK as plain
+local processes (binaries built by ``hack/tools/build.sh``), envtest-style, and registers
+N fake GPU nodes that KWOK keeps Ready and whose pods it moves through their lifecycle.
+
+    python3 hack/localcluster.py up   [--dir .cluster] [--nodes 4] [--gpus-per-node 8]
+    python3 hack/localcluster.py down [--dir .cluster]
+    python3 hack/localcluster.py status [--dir .cluster]
+
+``up`` is idempotent: a healthy cluster in ``--dir`` is left alone. Every component logs
+to ``<dir>/logs/<component>.log``; a readiness failure names the component and its log.
+``down`` stops every process it started (SIGTERM, then SIGKILL) and leaves none behind.
+
+Standard library only, so it runs before any virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+BUILD_SCRIPT = REPO / "hack" / "tools" / "build.sh"
+COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
+SERVICE_CIDR = "10.96.0.0/16"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+
+
+class ClusterError(RuntimeError):
+    """The local control plane could not be brought to a healthy state."""
+
+
+@dataclass
+class NodeShape:
+    """What each simulated GPU node advertises, like a real node with the NVIDIA GPU operator."""
+
+    count: int = 4
+    gpus: int = 8
+    gpu_product: str = "NVIDIA-H100-80GB-HBM3"
+    gpu_memory_mib: int = 81559
+    cpu: str = "96"
+    memory: str = "1Ti"
+    pods: str = "110"
+
+
+@dataclass
+class ClusterState:
+    """What ``up`` wrote to disk, so ``down`` and ``status`` can find the processes."""
+
+    pids: dict[str, int] = field(default_factory=dict)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, path: Path) -> ClusterState:
+        if not path.exists():
+            return cls()
+        data = json.loads(path.read_text())
+        return cls(pids=data.get("pids", {}), ports=data.get("ports", {}))
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps({"pids": self.pids, "ports": self.ports}, indent=2))
+
+
+def log(message: str) -> None:
+    print(f"[cluster] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def build_binaries() -> Path:
+    """Build (or find cached) binaries and return the directory that holds them."""
+    result = subprocess.run(
+        ["bash", str(BUILD_SCRIPT)], check=False, stdout=subprocess.PIPE, text=True
+    )
+    if result.returncode != 0:
+        raise ClusterError(f"building the control-plane binaries failed ({BUILD_SCRIPT})")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+# --- PKI -------------------------------------------------------------------------------
+
+
+def openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
+def sign_certificate(pki: Path, name: str, subject: str, extensions: str) -> None:
+    key, csr, crt = pki / f"{name}.key", pki / f"{name}.csr", pki / f"{name}.crt"
+    openssl("genrsa", "-out", str(key), "2048")
+    openssl("req", "-new", "-key", str(key), "-out", str(csr), "-subj", subject)
+    with tempfile.NamedTemporaryFile("w", suffix=".ext", delete=False) as ext:
+        ext.write(extensions)
+    try:
+        openssl(
+            "x509", "-req", "-in", str(csr), "-CA", str(pki / "ca.crt"),
+            "-CAkey", str(pki / "ca.key"), "-CAcreateserial", "-out", str(crt),
+            "-days", "3650", "-extfile", ext.name,
+        )  # fmt: skip
+    finally:
+        os.unlink(ext.name)
+    csr.unlink()
+
+
+def ensure_pki(pki: Path) -> None:
+    """A private CA, the API server's serving cert, an admin client cert, SA signing keys."""
+    if (pki / "admin.crt").exists():
+        return
+    pki.mkdir(parents=True, exist_ok=True)
+    openssl("genrsa", "-out", str(pki / "ca.key"), "2048")
+    openssl(
+        "req", "-x509", "-new", "-key", str(pki / "ca.key"), "-out", str(pki / "ca.crt"),
+        "-days", "3650", "-subj", "/CN=reservoir-local-ca",
+    )  # fmt: skip
+    sans = ",".join(
+        [
+            "IP:127.0.0.1",
+            "IP:10.96.0.1",
+            "DNS:localhost",
+            "DNS:kubernetes",
+            "DNS:kubernetes.default",
+            "DNS:kubernetes.default.svc",
+            "DNS:kubernetes.default.svc.cluster.local",
+        ]
+    )
+    sign_certificate(
+        pki, "apiserver", "/CN=kube-apiserver",
+        f"subjectAltName={sans}\nextendedKeyUsage=serverAuth\n",
+    )  # fmt: skip
+    sign_certificate(
+        pki, "admin", "/O=system:masters/CN=reservoir-admin", "extendedKeyUsage=clientAuth\n"
+    )
+    openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
+    openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+
+
+def write_kubeconfig(path: Path, pki: Path, port: int) -> None:
+    def b64(name: str) -> str:
+        return base64.b64encode((pki / name).read_bytes()).decode()
+
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "reservoir-local",
+                "cluster": {
+                    "server": f"https://127.0.0.1:{port}",
+                    "certificate-authority-data": b64("ca.crt"),
+                },
+            }
+        ],
+        "users": [
+            {
+                "name": "reservoir-admin",
+                "user": {
+                    "client-certificate-data": b64("admin.crt"),
+                    "client-key-data": b64("admin.key"),
+                },
+            }
+        ],
+        "contexts": [
+            {
+                "name": "reservoir-local",
+                "context": {"cluster": "reservoir-local", "user": "reservoir-admin"},
+            }
+        ],
+        "current-context": "reservoir-local",
+    }
+    # JSON is valid YAML, and kubeconfig loaders accept it.
+    path.write_text(json.dumps(config, indent=2))
+    path.chmod(0o600)
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+def process_alive(pid: int, component: str) -> bool:
+    """True if `pid` runs and is still our component (pids get reused)."""
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+    except OSError:
+        return False
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z" and os.path.basename(cmdline) == component
+
+
+def start(component: str, args: list[str], binaries: Path, logs: Path) -> int:
+    logfile = (logs / f"{component}.log").open("ab")
+    process = subprocess.Popen(
+        [str(binaries / component), *args],
+        stdout=logfile,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # our own process group: a Ctrl-C in the shell won't kill it
+    )
+    logfile.close()
+    return process.pid
+
+
+def stop(pid: int, component: str, grace: float = 10.0) -> None:
+    if not process_alive(pid, component):
+        return
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not process_alive(pid, component):
+            return
+        time.sleep(0.1)
+    os.kill(pid, signal.SIGKILL)
+    while process_alive(pid, component):
+        time.sleep(0.05)
+
+
+def wait_until(
+    what: str, check: object, timeout: float, logfile: Path, pid: int | None = None
+) -> None:
+    """Poll `check()` until it is truthy; on timeout or a dead process, point at the log."""
+    assert callable(check)
+    deadline = time.monotonic() + timeout
+    last_error = ""
+    while time.monotonic() < deadline:
+        if pid is not None and not process_alive(pid, logfile.stem):
+            raise ClusterError(f"{what} exited during start-up; see its log: {logfile}")
+        try:
+            if check():
+                return
+        except Exception as error:  # any failure is "not ready yet"
+            last_error = f" (last error: {error})"
+        time.sleep(0.3)
+    raise ClusterError(f"{what} not ready after {timeout:.0f}s{last_error}; see its log: {logfile}")
+
+
+def https_ok(url: str, pki: Path | None = None) -> bool:
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    if pki is not None:
+        context.load_cert_chain(str(pki / "admin.crt"), str(pki / "admin.key"))
+    with urllib.request.urlopen(url, context=context, timeout=3) as response:
+        return bool(response.status == 200)
+
+
+def http_ok(url: str) -> bool:
+    with urllib.request.urlopen(url, timeout=3) as response:
+        return bool(response.status == 200)
+
+
+# --- the cluster -----------------------------------------------------------------------
+
+
+class LocalCluster:
+    def __init__(self, directory: Path, nodes: NodeShape | None = None) -> None:
+        self.dir = directory.resolve()
+        self.pki = self.dir / "pki"
+        self.logs = self.dir / "logs"
+        self.kubeconfig = self.dir / "kubeconfig"
+        self.state_file = self.dir / "state.json"
+        self.nodes = nodes or NodeShape()
+        self.binaries: Path | None = None
+
+    # - public verbs -
+
+    def up(self) -> None:
+        if self.healthy():
+            log(f"already running (kubeconfig: {self.kubeconfig})")
+            return
+        self.down(quiet=True)
+        started = time.monotonic()
+        self.binaries = build_binaries()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.logs.mkdir(exist_ok=True)
+        for old in self.logs.glob("*.log"):
+            old.unlink()
+        shutil.rmtree(self.dir / "etcd-data", ignore_errors=True)
+        ensure_pki(self.pki)
+        state = ClusterState(ports={name: free_port() for name in COMPONENTS})
+        state.ports["etcd-peer"] = free_port()
+        write_kubeconfig(self.kubeconfig, self.pki, state.ports["kube-apiserver"])
+        try:
+            for component in COMPONENTS:
+                state.pids[component] = start(
+                    component, self.arguments(component, state.ports), self.binaries, self.logs
+                )
+                state.save(self.state_file)
+                self.wait_ready(component, state)
+            self.create_gpu_nodes()
+            self.wait_nodes_ready()
+            self.wait_default_service_account()
+        except BaseException:
+            self.down(quiet=True)
+            raise
+        log(f"up in {time.monotonic() - started:.1f}s: {self.nodes.count} GPU nodes")
+
+    def down(self, quiet: bool = False) -> None:
+        state = ClusterState.load(self.state_file)
+        for component in reversed(COMPONENTS):
+            pid = state.pids.get(component)
+            if pid:
+                stop(pid, component)
+        if self.state_file.exists():
+            self.state_file.unlink()
+        shutil.rmtree(self.dir / "etcd-data", ignore_errors=True)
+        if not quiet:
+            log("down: no control-plane process left running")
+
+    def healthy(self) -> bool:
+        state = ClusterState.load(self.state_file)
+        if not state.pids or not self.kubeconfig.exists():
+            return False
+        if not all(process_alive(state.pids.get(c, 0), c) for c in COMPONENTS):
+            return False
+        try:
+            port = state.ports["kube-apiserver"]
+            return https_ok(f"https://127.0.0.1:{port}/readyz", self.pki)
+        except (OSError, KeyError, urllib.error.URLError):
+            return False
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        binaries = self.binaries or build_binaries()
+        result = subprocess.run(
+            [str(binaries / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    # - internals -
+
+    def arguments(self, component: str, ports: dict[str, int]) -> list[str]:
+        pki, kubeconfig = self.pki, str(self.kubeconfig)
+        delegated_auth = [
+            f"--kubeconfig={kubeconfig}",
+            f"--authentication-kubeconfig={kubeconfig}",
+            f"--authorization-kubeconfig={kubeconfig}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports[component]}",
+            "--leader-elect=false",
+        ]
+        if component == "etcd":
+            client, peer = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd-peer']}"
+            return [
+                f"--data-dir={self.dir / 'etcd-data'}",
+                f"--listen-client-urls={client}",
+                f"--advertise-client-urls={client}",
+                f"--listen-peer-urls={peer}",
+                f"--initial-advertise-peer-urls={peer}",
+                f"--initial-cluster=default={peer}",
+                "--unsafe-no-fsync",  # a throwaway test store: durability is not the point
+                "--log-level=warn",
+            ]
+        if component == "kube-apiserver":
+            return [
+                f"--etcd-servers=http://127.0.0.1:{ports['etcd']}",
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={ports['kube-apiserver']}",
+                f"--cert-dir={pki}",
+                f"--tls-cert-file={pki / 'apiserver.crt'}",
+                f"--tls-private-key-file={pki / 'apiserver.key'}",
+                f"--client-ca-file={pki / 'ca.crt'}",
+                "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--authorization-mode=RBAC",
+                "--allow-privileged=true",
+                "--endpoint-reconciler-type=none",
+                "--v=1",
+            ]
+        if component == "kube-controller-manager":
+            return [
+                *delegated_auth,
+                f"--service-account-private-key-file={pki / 'sa.key'}",
+                f"--root-ca-file={pki / 'ca.crt'}",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                "--controllers=*",
+                "--use-service-account-credentials=false",
+                "--v=1",
+            ]
+        if component == "kube-scheduler":
+            return [*delegated_auth, "--v=1"]
+        if component == "kwok":
+            return [
+                f"--kubeconfig={kubeconfig}",
+                "--manage-all-nodes=false",
+                f"--manage-nodes-with-annotation-selector={KWOK_NODE_ANNOTATION}=fake",
+                f"--server-address=127.0.0.1:{ports['kwok']}",
+                "--cidr=10.244.0.0/16",
+                "--node-ip=10.240.0.1",
+                "--node-lease-duration-seconds=40",
+            ]
+        raise ValueError(component)
+
+    def wait_ready(self, component: str, state: ClusterState) -> None:
+        port, pid = state.ports[component], state.pids[component]
+        logfile = self.logs / f"{component}.log"
+        checks = {
+            "etcd": lambda: http_ok(f"http://127.0.0.1:{port}/health"),
+            "kube-apiserver": lambda: https_ok(f"https://127.0.0.1:{port}/readyz", self.pki),
+            "kube-controller-manager": lambda: https_ok(f"https://127.0.0.1:{port}/healthz"),
+            "kube-scheduler": lambda: https_ok(f"https://127.0.0.1:{port}/healthz"),
+            "kwok": lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
+        }
+        wait_until(component, checks[component], timeout=90, logfile=logfile, pid=pid)
+        log(f"{component} ready (pid {pid})")
+
+    def gpu_node(self, index: int) -> dict[str, object]:
+        shape = self.nodes
+        name = f"gpu-node-{index}"
+        resources = {
+            "cpu": shape.cpu,
+            "memory": shape.memory,
+            "pods": shape.pods,
+            "nvidia.com/gpu": str(shape.gpus),
+        }
+        return {
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": {
+                "name": name,
+                "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+                "labels": {
+                    "kubernetes.io/hostname": name,
+                    "kubernetes.io/os": "linux",
+                    "kubernetes.io/arch": "amd64",
+                    "type": "kwok",
+                    "node.kubernetes.io/instance-type": f"gpu-{shape.gpus}x",
+                    "topology.kubernetes.io/zone": f"local-{index % 2}",
+                    "nvidia.com/gpu.present": "true",
+                    "nvidia.com/gpu.product": shape.gpu_product,
+                    "nvidia.com/gpu.count": str(shape.gpus),
+                    "nvidia.com/gpu.memory": str(shape.gpu_memory_mib),
+                },
+            },
+            "status": {"capacity": resources, "allocatable": resources},
+        }
+
+    def create_gpu_nodes(self) -> None:
+        nodes = {"apiVersion": "v1", "kind": "List", "items": []}
+        nodes["items"] = [self.gpu_node(i) for i in range(self.nodes.count)]
+        self.kubectl("apply", "-f", "-", input=json.dumps(nodes))
+
+    def wait_nodes_ready(self) -> None:
+        def all_ready() -> bool:
+            nodes = json.loads(self.kubectl("get", "nodes", "-o", "json"))["items"]
+            ready = [
+                n
+                for n in nodes
+                if any(
+                    c["type"] == "Ready" and c["status"] == "True"
+                    for c in n.get("status", {}).get("conditions", [])
+                )
+            ]
+            return len(ready) >= self.nodes.count
+
+        wait_until("GPU nodes (kwok)", all_ready, timeout=60, logfile=self.logs / "kwok.log")
+        log(f"{self.nodes.count} GPU nodes Ready")
+
+    def wait_default_service_account(self) -> None:
+        # Pods are refused until the controller manager has made the `default` ServiceAccount.
+        wait_until(
+            "default ServiceAccount (kube-controller-manager)",
+            lambda: self.kubectl("get", "serviceaccount", "default", "-o", "name"),
+            timeout=60,
+            logfile=self.logs / "kube-controller-manager.log",
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("verb", choices=["up", "down", "status", "build"])
+    parser.add_argument("--dir", default=os.environ.get("RESERVOIR_CLUSTER_DIR", REPO / ".cluster"))
+    parser.add_argument("--nodes", type=int, default=int(os.environ.get("RESERVOIR_NODES", 4)))
+    parser.add_argument(
+        "--gpus-per-node", type=int, default=int(os.environ.get("RESERVOIR_GPUS_PER_NODE", 8))
+    )
+    parser.add_argument(
+        "--gpu-product", default=os.environ.get("RESERVOIR_GPU_PRODUCT", NodeShape.gpu_product)
+    )
+    args = parser.parse_args(argv)
+    shape = NodeShape(count=args.nodes, gpus=args.gpus_per_node, gpu_product=args.gpu_product)
+    cluster = LocalCluster(Path(args.dir), shape)
+    try:
+        if args.verb == "build":
+            print(build_binaries())
+        elif args.verb == "up":
+            cluster.up()
+            print(f"export KUBECONFIG={cluster.kubeconfig}")
+        elif args.verb == "down":
+            cluster.down()
+        else:
+            healthy = cluster.healthy()
+            print("running" if healthy else "not running")
+            return 0 if healthy else 1
+    except ClusterError as error:
+        log(f"error: {error}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""Ledger arithmetic: per-resource totals and the capacity invariant.
+
+For every resource dimension, at every moment any reader can observe:
+
+    committed + reserved + reconciling + available == capacity
+
+`reserved` sums R over Tentative/Committed/Running entries and `reconciling` over Detached
+ones; `committed` is a running total (settled entries are pruned once their claim is gone,
+their consumption stays committed). Nothing here knows Kubernetes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from decimal import Decimal
+
+from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals
+from reservoir.core.quantity import format_quantity
+
+ZERO = Decimal(0)
+Resources = dict[str, Decimal]
+
+
+class InvariantViolation(RuntimeError):
+    """A ledger that would break the capacity invariant. It is never written."""
+
+
+def add(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> Resources:
+    return {k: a.get(k, ZERO) + b.get(k, ZERO) for k in {*a, *b}}
+
+
+def subtract(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> Resources:
+    return {k: a.get(k, ZERO) - b.get(k, ZERO) for k in {*a, *b}}
+
+
+def total(maps: Iterable[Mapping[str, Decimal]]) -> Resources:
+    result: Resources = {}
+    for one in maps:
+        result = add(result, one)
+    return result
+
+
+def fits(request: Mapping[str, Decimal], available: Mapping[str, Decimal]) -> bool:
+    return all(amount <= available.get(name, ZERO) for name, amount in request.items())
+
+
+def exceeds(usage: Mapping[str, Decimal], reserved: Mapping[str, Decimal]) -> list[str]:
+    """Resources whose usage is above what was reserved (an overrun), sorted."""
+    return sorted(name for name, amount in usage.items() if amount > reserved.get(name, ZERO))
+
+
+def clean(resources: Mapping[str, Decimal], dimensions: Iterable[str]) -> Resources:
+    """The map over exactly `dimensions`, zero-filled: totals always list every resource."""
+    return {name: resources.get(name, ZERO) for name in sorted(dimensions)}
+
+
+def compute_totals(
+    capacity: Mapping[str, Decimal],
+    committed: Mapping[str, Decimal],
+    entries: Iterable[LedgerEntry],
+) -> ResourceTotals:
+    """Totals from the capacity, the running committed total and the live entries.
+    Raises InvariantViolation rather than produce a ledger that overdraws a dimension."""
+    entries = list(entries)
+    held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
+    reconciling = total(e.reserved for e in entries if _detached(e))
+    dimensions = set(capacity)
+    stray = (set(held) | set(reconciling) | set(committed)) - dimensions
+    if stray:
+        raise InvariantViolation(f"ledger holds resources the envelope lacks: {sorted(stray)}")
+    available = subtract(subtract(subtract(capacity, committed), held), reconciling)
+    totals = ResourceTotals(
+        capacity=clean(capacity, dimensions),
+        committed=clean(committed, dimensions),
+        reserved=clean(held, dimensions),
+        reconciling=clean(reconciling, dimensions),
+        available=clean(available, dimensions),
+    )
+    check_invariant(totals)
+    return totals
+
+
+def _detached(entry: LedgerEntry) -> bool:
+    return entry.phase is ClaimPhase.DETACHED
+
+
+def check_invariant(totals: ResourceTotals) -> None:
+    """committed + reserved + reconciling + available == capacity, nothing negative."""
+    for name, capacity in totals.capacity.items():
+        parts = {
+            "committed": totals.committed.get(name, ZERO),
+            "reserved": totals.reserved.get(name, ZERO),
+            "reconciling": totals.reconciling.get(name, ZERO),
+            "available": totals.available.get(name, ZERO),
+        }
+        negative = [part for part, value in parts.items() if value < 0]
+        if negative:
+            raise InvariantViolation(f"{name}: {', '.join(negative)} would be negative: {parts}")
+        if sum(parts.values(), ZERO) != capacity:
+            raise InvariantViolation(f"{name}: {parts} do not add up to capacity {capacity}")
+
+
+def render(resources: Mapping[str, Decimal]) -> str:
+    """`tokens=63 nvidia.com/gpu=8`: a resource map on one line."""
+    return " ".join(f"{name}={format_quantity(resources[name])}" for name in sorted(resources))

@@ -1,0 +1,615 @@
+"""The object model of Reservoir's two kinds, as plain pydantic models.
+
+`ReservationEnvelope` is a workflow's bounded parent budget; `BranchClaim` is one tool-call
+branch's draw on it. Spec is written by people and orchestrators, status only by the
+operator. Field names are the API's camelCase; descriptions become the CRD's, so
+`kubectl explain` teaches the API. The CRD-only validation (CEL rules, bounds) lives next
+to each field in `json_schema_extra`, and `reservoir.crdgen` turns these models into the
+manifests under `crds/`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from decimal import Decimal
+from enum import StrEnum
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+)
+from pydantic.alias_generators import to_camel
+
+from reservoir.core.quantity import QUANTITY_PATTERN, format_quantity, parse_quantity
+
+API_GROUP = "reservoir.dev"
+API_VERSION = "v1alpha1"
+
+# Bounds keep every object small enough for etcd and cheap for the API server's CEL cost
+# budget. A full ledger at MAX_LEDGER_ENTRIES stays far below etcd's ~1.5 MiB object cap
+# (measured by tests/unit/test_ledger_size.py).
+MAX_RESOURCES = 16
+MAX_LEDGER_ENTRIES = 512
+MAX_ACTIVE_CLAIMS_LIMIT = 256
+MAX_NAME_LENGTH = 253
+MAX_CONDITIONS = 16
+MAX_SECONDS = 366 * 24 * 3600
+
+Quantity = Annotated[
+    Decimal,
+    BeforeValidator(parse_quantity),
+    PlainSerializer(format_quantity, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": 40}),
+]
+
+RESOURCE_NAME_RULE = {
+    "rule": "self.all(k, size(k) <= 63 && "
+    "k.matches('^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",
+    "message": "resource names look like 'tokens', 'cost' or 'nvidia.com/gpu' "
+    "(an optional DNS prefix and a name of at most 63 characters)",
+}
+
+
+def resource_map(description: str, *rules: dict[str, str]) -> Any:
+    """A bounded map of resource name to quantity, e.g. {"tokens": "20k"}."""
+    return Field(
+        default_factory=dict,
+        description=description,
+        json_schema_extra={
+            "maxProperties": MAX_RESOURCES,
+            "x-kubernetes-validations": [RESOURCE_NAME_RULE, *rules],
+        },
+    )
+
+
+ResourceMap = dict[str, Quantity]
+
+
+class Model(BaseModel):
+    """Base: camelCase on the wire, snake_case in Python, unknown fields rejected."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=False,
+        use_enum_values=False,
+    )
+
+    def to_api(self) -> dict[str, Any]:
+        """The object as the Kubernetes API wants it: camelCase, no nulls."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+# --- enums -----------------------------------------------------------------------------
+
+
+class Intent(StrEnum):
+    """What the orchestrator declares about a branch. It only ever moves forward."""
+
+    HOLD = "Hold"
+    DISPATCH = "Dispatch"
+    CANCEL = "Cancel"
+
+
+class CommitPoint(StrEnum):
+    """The event that makes a claim chargeable: no longer freely releasable."""
+
+    DISPATCH = "Dispatch"
+    POD_SCHEDULED = "PodScheduled"
+    POD_RUNNING = "PodRunning"
+
+
+class Outcome(StrEnum):
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+
+
+class UpstreamState(StrEnum):
+    """How far the provider has confirmed the work: accepted is not running."""
+
+    SUBMITTED = "Submitted"
+    ACCEPTED = "Accepted"
+    RUNNING = "Running"
+
+
+class ClaimPhase(StrEnum):
+    PENDING = "Pending"
+    TENTATIVE = "Tentative"
+    COMMITTED = "Committed"
+    RUNNING = "Running"
+    DETACHED = "Detached"
+    CONSUMED = "Consumed"
+    RELEASED = "Released"
+    EXPIRED = "Expired"
+    REJECTED = "Rejected"
+
+    @property
+    def holds_capacity(self) -> bool:
+        return self in HOLDING_PHASES
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_PHASES
+
+    @property
+    def committed(self) -> bool:
+        """Past the commit point: a release can no longer return it without usage."""
+        return self in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING, ClaimPhase.DETACHED)
+
+
+HOLDING_PHASES = frozenset(
+    {ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING, ClaimPhase.DETACHED}
+)
+TERMINAL_PHASES = frozenset(
+    {ClaimPhase.CONSUMED, ClaimPhase.RELEASED, ClaimPhase.EXPIRED, ClaimPhase.REJECTED}
+)
+
+
+class EnvelopeState(StrEnum):
+    OPEN = "Open"
+    CLOSED = "Closed"
+
+
+class EnvelopePhase(StrEnum):
+    PENDING = "Pending"
+    OPEN = "Open"
+    CLOSING = "Closing"
+    CLOSED = "Closed"
+    EXPIRED = "Expired"
+
+
+class DeadlineAction(StrEnum):
+    """What happens to a Detached claim whose outcome is still unknown at its deadline."""
+
+    HOLD = "Hold"
+    QUARANTINE = "Quarantine"
+    RELEASE = "Release"
+
+
+class Fallback(StrEnum):
+    """What a claim that cannot be admitted now does: wait in the queue, or fail at once."""
+
+    WAIT = "Wait"
+    FAIL = "Fail"
+
+
+# --- ReservationEnvelope ----------------------------------------------------------------
+
+
+class EnvelopePolicy(Model):
+    max_active_claims: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_ACTIVE_CLAIMS_LIMIT,
+        description="Most claims that may hold capacity at once (fan-out cap). "
+        f"Unset means {MAX_ACTIVE_CLAIMS_LIMIT}, the most one envelope's ledger holds.",
+    )
+    max_tentative_claims: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_ACTIVE_CLAIMS_LIMIT,
+        description="Most claims that may hold capacity before their commit point. "
+        "Unset means no separate cap.",
+    )
+    default_lease_seconds: int = Field(
+        default=60,
+        ge=1,
+        le=MAX_SECONDS,
+        description="Lease a claim gets when it reserves, and per renewal, unless the claim "
+        "asks for less.",
+    )
+    max_claim_lifetime_seconds: int = Field(
+        default=3600,
+        ge=1,
+        le=MAX_SECONDS,
+        description="No renewal extends a claim's lease past this long after it first "
+        "reserved.",
+    )
+    max_renewals: int | None = Field(
+        default=None,
+        ge=0,
+        description="Renewal budget per claim; unset means bounded only by the lifetime.",
+    )
+    max_queue_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=MAX_SECONDS,
+        description="A claim still Pending this long after creation is Rejected "
+        "(reason MaxQueueAge).",
+    )
+    fallback: Fallback = Field(
+        default=Fallback.WAIT,
+        description="Wait: a claim that does not fit waits Pending in priority order. "
+        "Fail: it is Rejected at once with a reason the caller can act on.",
+    )
+    ambiguity_deadline_seconds: int = Field(
+        default=600,
+        ge=1,
+        le=MAX_SECONDS,
+        description="How long a Detached claim (outcome unknown) waits for its final "
+        "report before the deadline action applies.",
+    )
+    at_ambiguity_deadline: DeadlineAction = Field(
+        default=DeadlineAction.QUARANTINE,
+        description="Hold: keep its capacity reconciling until a report comes. "
+        "Quarantine: charge the whole reservation as consumed (safe for scarce "
+        "capacity). Release: return it to the envelope. Recorded on the claim.",
+    )
+
+
+class ReservationEnvelopeSpec(Model):
+    capacity: ResourceMap = resource_map(
+        "The budget, per resource: {tokens: 100k, cost: '12.50', nvidia.com/gpu: 8}. "
+        "A dimension may grow, never shrink or disappear.",
+        {
+            "rule": "oldSelf.all(k, k in self && "
+            "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
+            "message": "capacity may grow but never shrink or lose a resource",
+        },
+    )
+    state: EnvelopeState = Field(
+        default=EnvelopeState.OPEN,
+        description="Open admits claims. Closed admits none; the remaining balance is "
+        "released once every claim has settled.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf || oldSelf == 'Open'",
+                    "message": "a Closed envelope cannot be reopened",
+                }
+            ]
+        },
+    )
+    lifetime_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="The envelope expires this long after creation: it admits no new "
+        "claims and releases its balance once every claim has settled.",
+    )
+    policy: EnvelopePolicy = Field(
+        default_factory=EnvelopePolicy, description="Admission, lease and deadline policy."
+    )
+
+
+class Condition(Model):
+    """A Kubernetes-style condition (metav1.Condition)."""
+
+    type: str = Field(max_length=64, description="The condition's type, e.g. Committed.")
+    status: str = Field(
+        max_length=8,
+        description="True, False or Unknown.",
+        json_schema_extra={"enum": ["True", "False", "Unknown"]},
+    )
+    reason: str = Field(max_length=64, description="One CamelCase word: why.")
+    message: str = Field(default="", max_length=1024, description="Human-readable detail.")
+    last_transition_time: datetime = Field(description="When the status last changed.")
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation this condition was computed from."
+    )
+
+
+class Settlement(Model):
+    """The one settlement of a claim. Written once; never reopened."""
+
+    key: str = Field(
+        max_length=128,
+        description="Idempotency key: claim UID, attempt and settlement version.",
+    )
+    phase: ClaimPhase = Field(description="The terminal phase the claim settled in.")
+    reason: str = Field(max_length=64, description="Why it settled.")
+    outcome: Outcome | None = Field(default=None, description="The reported outcome.")
+    at: datetime = Field(description="When the operator recorded it (operator clock, UTC).")
+
+
+class LateReport(Model):
+    """Reports that arrived after settlement: kept for audit, never applied."""
+
+    count: int = Field(default=0, ge=0, description="Distinct reports after settlement.")
+    usage: ResourceMap = resource_map("The last late report's cumulative usage.")
+    final: bool = Field(default=False, description="Whether the last late report was final.")
+    outcome: Outcome | None = Field(default=None, description="Its outcome, if any.")
+    at: datetime | None = Field(default=None, description="When it was noticed.")
+
+
+class Overrun(Model):
+    """A usage report above the reservation: rejected, and preserved here."""
+
+    usage: ResourceMap = resource_map("The rejected cumulative usage, as reported.")
+    final: bool = Field(default=False, description="Whether the rejected report was final.")
+    at: datetime = Field(description="When it was rejected.")
+
+
+class LedgerEntry(Model):
+    """One claim's line in its envelope's ledger: the authoritative record of what the claim
+    holds and how it settled. Claim status mirrors it."""
+
+    claim: str = Field(max_length=MAX_NAME_LENGTH, description="The BranchClaim's name.")
+    branch: str = Field(default="", max_length=MAX_NAME_LENGTH, description="Branch name.")
+    attempt: int = Field(default=1, ge=1, description="Attempt number of the claim.")
+    phase: ClaimPhase = Field(description="The claim's phase as decided by the ledger.")
+    reserved: ResourceMap = resource_map("R: what the claim holds (or held) from the envelope.")
+    usage: ResourceMap = resource_map("Latest accepted cumulative usage (partial or final).")
+    consumed: ResourceMap = resource_map("C: usage committed at settlement.")
+    released: ResourceMap = resource_map("R − C: what settlement returned to the envelope.")
+    first_reserved_at: datetime | None = Field(
+        default=None, description="When capacity was first reserved; renewals never move it."
+    )
+    expires_at: datetime | None = Field(
+        default=None, description="When the lease ends unless renewed (operator clock)."
+    )
+    renewals: int = Field(default=0, ge=0, description="How many renewals were granted.")
+    heartbeat: str | None = Field(
+        default=None,
+        max_length=128,
+        description="The last heartbeat token seen from the lease holder.",
+    )
+    committed_at: datetime | None = Field(default=None, description="When it committed.")
+    started_at: datetime | None = Field(default=None, description="When execution started.")
+    detached_at: datetime | None = Field(
+        default=None, description="When its lease lapsed after the commit point."
+    )
+    cancel_requested: bool = Field(
+        default=False, description="Cancel (or deletion) was asked after the commit point."
+    )
+    deadline_action: DeadlineAction | None = Field(
+        default=None, description="The ambiguity-deadline decision taken, once taken."
+    )
+    dispatch_fenced: bool = Field(
+        default=False, description="A Dispatch arrived after settlement and was refused."
+    )
+    overrun: Overrun | None = Field(default=None, description="A rejected over-usage report.")
+    late: LateReport | None = Field(default=None, description="Reports after settlement.")
+    settlement: Settlement | None = Field(default=None, description="Set once, when settled.")
+
+
+class ResourceTotals(Model):
+    """Per-resource totals. For every resource:
+    committed + reserved + reconciling + available == capacity."""
+
+    capacity: ResourceMap = resource_map("The envelope's budget.")
+    reserved: ResourceMap = resource_map("Held by Tentative, Committed and Running claims.")
+    committed: ResourceMap = resource_map("Consumed by settled claims (never reversed).")
+    reconciling: ResourceMap = resource_map("Held by Detached claims: outcome unknown.")
+    available: ResourceMap = resource_map("Free for new claims of this envelope.")
+
+
+class EnvelopeSummary(Model):
+    """One-line renderings of the totals, for printer columns and humans."""
+
+    capacity: str = Field(default="", max_length=1024, description="e.g. 'tokens=100 cost=5'.")
+    available: str = Field(default="", max_length=1024, description="Available, per resource.")
+    committed: str = Field(default="", max_length=1024, description="Committed, per resource.")
+    live: int = Field(default=0, ge=0, description="Claims holding capacity now.")
+
+
+class ReservationEnvelopeStatus(Model):
+    phase: EnvelopePhase = Field(default=EnvelopePhase.PENDING, description="Envelope phase.")
+    summary: EnvelopeSummary = Field(
+        default_factory=EnvelopeSummary, description="Totals rendered for `kubectl get`."
+    )
+    totals: ResourceTotals = Field(
+        default_factory=ResourceTotals, description="The ledger's per-resource totals."
+    )
+    entries: dict[str, LedgerEntry] = Field(
+        default_factory=dict,
+        description="Ledger entries keyed by claim UID (settled entries are pruned once "
+        "their claim is gone).",
+        json_schema_extra={"maxProperties": MAX_LEDGER_ENTRIES},
+    )
+    counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Number of claims per phase.",
+        json_schema_extra={"maxProperties": 16},
+    )
+    balance_released: ResourceMap = resource_map(
+        "The balance released to the cluster when the envelope closed or expired."
+    )
+    closed_at: datetime | None = Field(default=None, description="When it closed or expired.")
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Open, Closed and other conditions.",
+        json_schema_extra={"maxItems": MAX_CONDITIONS},
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the status reflects."
+    )
+
+
+# --- BranchClaim ------------------------------------------------------------------------
+
+
+class Upstream(Model):
+    """The provider operation the branch runs as: kept so that reconciliation can find it."""
+
+    operation_id: str | None = Field(
+        default=None, max_length=256, description="The provider's operation or job id."
+    )
+    state: UpstreamState | None = Field(
+        default=None,
+        description="Submitted, Accepted (provider queued it) or Running (compute started).",
+    )
+    supports_cancel: bool = Field(default=False, description="Provider can cancel it.")
+    supports_status: bool = Field(default=False, description="Provider can report status.")
+
+
+class LeaseSettings(Model):
+    duration_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="Lease length asked for per reservation/renewal; capped by the envelope.",
+    )
+    holder: str | None = Field(
+        default=None, max_length=MAX_NAME_LENGTH, description="The worker holding the lease."
+    )
+
+
+class Placement(Model):
+    """Hints for physical resources, copied onto the placeholder pod."""
+
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Node labels the reservation must land on.",
+        json_schema_extra={"maxProperties": 32},
+    )
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list,
+        description="Pod tolerations (core/v1 Toleration).",
+        json_schema_extra={
+            "maxItems": 32,
+            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    )
+    affinity: dict[str, Any] | None = Field(
+        default=None,
+        description="Pod affinity (core/v1 Affinity).",
+        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
+    )
+
+
+def immutable(what: str) -> dict[str, Any]:
+    return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what}"}]}
+
+
+class BranchClaimSpec(Model):
+    envelope: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="The ReservationEnvelope (same namespace) this claim draws from.",
+        json_schema_extra=immutable("envelope is immutable after creation"),
+    )
+    branch: str = Field(
+        default="",
+        max_length=MAX_NAME_LENGTH,
+        description="The workflow branch (tool call) this claim is for.",
+        json_schema_extra=immutable("branch is immutable after creation"),
+    )
+    attempt: int = Field(
+        default=1,
+        ge=1,
+        le=1_000_000,
+        description="Attempt number. A retry or speculative copy is a new claim.",
+        json_schema_extra=immutable(
+            "attempt is immutable: a retry is a new BranchClaim with a new attempt"
+        ),
+    )
+    requests: ResourceMap = resource_map(
+        "What to reserve, per resource of the envelope: {tokens: 20k}.",
+        {"rule": "self == oldSelf", "message": "requests are immutable after creation"},
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Higher is admitted first; equal priorities queue by age.",
+    )
+    commit_point: CommitPoint = Field(
+        default=CommitPoint.DISPATCH,
+        description="Dispatch: the claim commits when intent becomes Dispatch. "
+        "PodScheduled/PodRunning: when its workload pod binds/starts.",
+    )
+    lease: LeaseSettings = Field(default_factory=LeaseSettings, description="Lease settings.")
+    placement: Placement | None = Field(
+        default=None, description="Placement hints for physical resources (GPUs)."
+    )
+    intent: Intent = Field(
+        default=Intent.HOLD,
+        description="Hold: reserve only. Dispatch: the branch is sent (commit point). "
+        "Cancel: prune it. Moves only forward.",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self == oldSelf || oldSelf == 'Hold' || "
+                    "(oldSelf == 'Dispatch' && self == 'Cancel')",
+                    "message": "intent only moves forward: Hold → Dispatch → Cancel, "
+                    "or Hold → Cancel",
+                }
+            ]
+        },
+    )
+    usage: ResourceMap = resource_map(
+        "Cumulative usage so far, per resource (never a delta).",
+        {
+            "rule": "oldSelf.all(k, k in self && "
+            "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
+            "message": "usage is cumulative: a reported resource may not decrease or "
+            "disappear",
+        },
+    )
+    final: bool = Field(
+        default=False,
+        description="True when usage is the final, confirmed consumption.",
+    )
+    outcome: Outcome | None = Field(
+        default=None, description="Succeeded, Failed or Cancelled; required when final."
+    )
+    upstream: Upstream = Field(
+        default_factory=Upstream, description="The provider operation this branch runs as."
+    )
+
+
+CLAIM_SPEC_RULES = [
+    {
+        "rule": "!has(self.final) || !self.final || has(self.outcome)",
+        "message": "a final report needs an outcome (Succeeded, Failed or Cancelled)",
+    },
+    {
+        "rule": "!has(oldSelf.final) || !oldSelf.final || (has(self.final) && self.final)",
+        "message": "a final report cannot be un-finalized",
+    },
+    {
+        "rule": "!has(oldSelf.final) || !oldSelf.final || "
+        "(has(self.outcome) && has(oldSelf.outcome) && self.outcome == oldSelf.outcome)",
+        "message": "outcome cannot change once the report is final",
+    },
+    {
+        "rule": "!has(oldSelf.final) || !oldSelf.final || "
+        "(has(self.usage) ? self.usage : {}) == (has(oldSelf.usage) ? oldSelf.usage : {})",
+        "message": "usage cannot change once the report is final",
+    },
+]
+BranchClaimSpec.model_config["json_schema_extra"] = {"x-kubernetes-validations": CLAIM_SPEC_RULES}
+
+
+class LeaseStatus(Model):
+    holder: str | None = Field(default=None, description="Who holds the lease.")
+    generation: int = Field(default=0, ge=0, description="Lease generation (fencing aid).")
+    first_reserved_at: datetime | None = Field(default=None, description="First reserved.")
+    renewed_at: datetime | None = Field(default=None, description="Last renewal granted.")
+    expires_at: datetime | None = Field(default=None, description="Lease end (operator clock).")
+    renewals: int = Field(default=0, ge=0, description="Renewals granted.")
+
+
+class PlacementStatus(Model):
+    node: str | None = Field(default=None, description="Node the reservation is placed on.")
+    placeholder_pod: str | None = Field(default=None, description="The placeholder pod.")
+
+
+class BranchClaimStatus(Model):
+    phase: ClaimPhase = Field(default=ClaimPhase.PENDING, description="The claim's phase.")
+    reserved: ResourceMap = resource_map("What the claim holds (R).")
+    consumed: ResourceMap = resource_map("What settlement committed (C).")
+    released: ResourceMap = resource_map("What settlement returned (R − C).")
+    usage: ResourceMap = resource_map("Latest accepted cumulative usage.")
+    lease: LeaseStatus | None = Field(default=None, description="The claim's lease.")
+    placement: PlacementStatus | None = Field(default=None, description="Node placement.")
+    settlement: Settlement | None = Field(default=None, description="The settlement record.")
+    late: LateReport | None = Field(default=None, description="Reports after settlement.")
+    overrun: Overrun | None = Field(default=None, description="Rejected over-usage report.")
+    queue_reason: str | None = Field(
+        default=None, max_length=1024, description="Why the claim is still Pending."
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Reserved, Committed, Running, Detached, CancelRequested, Settled, ...",
+        json_schema_extra={"maxItems": MAX_CONDITIONS},
+    )
+    observed_generation: int | None = Field(default=None, description="Spec generation seen.")

@@ -1,0 +1,150 @@
+"""Per-envelope policy: who gets admitted, in what order, and how long a lease lasts.
+
+Pure decisions over plain data; the lifecycle applies them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from reservoir.core.ledger import ZERO, fits
+from reservoir.core.model import (
+    MAX_ACTIVE_CLAIMS_LIMIT,
+    MAX_LEDGER_ENTRIES,
+    EnvelopePolicy,
+    LedgerEntry,
+)
+
+
+@dataclass(frozen=True)
+class QueueKey:
+    """Pending claims are admitted by priority (high first), then age (old first). The age
+    is the claim's creation time, set by the API server: renewals never improve it."""
+
+    priority: int
+    created_at: datetime
+    uid: str
+
+    def sort_key(self) -> tuple[int, datetime, str]:
+        return (-self.priority, self.created_at, self.uid)
+
+
+@dataclass(frozen=True)
+class Admission:
+    admitted: bool
+    reason: str  # CamelCase reason when not admitted
+    message: str = ""
+    permanent: bool = False  # can never be admitted: reject instead of queueing
+
+
+def request_problem(
+    requests: Mapping[str, Decimal], capacity: Mapping[str, Decimal]
+) -> Admission | None:
+    """A request that can never be admitted, whatever else happens."""
+    unknown = sorted(set(requests) - set(capacity))
+    if unknown:
+        return Admission(
+            False,
+            "UnknownResource",
+            f"the envelope has no budget for {', '.join(unknown)} "
+            f"(it has: {', '.join(sorted(capacity)) or 'nothing'})",
+            permanent=True,
+        )
+    if not requests or all(amount == ZERO for amount in requests.values()):
+        return Admission(False, "EmptyRequest", "requests must ask for something", True)
+    too_big = sorted(name for name, amount in requests.items() if amount > capacity[name])
+    if too_big:
+        return Admission(
+            False,
+            "LargerThanEnvelope",
+            f"requests exceed the envelope's whole capacity for {', '.join(too_big)}",
+            permanent=True,
+        )
+    return None
+
+
+def admission(
+    requests: Mapping[str, Decimal],
+    available: Mapping[str, Decimal],
+    live: list[LedgerEntry],
+    all_entries: int,
+    will_be_tentative: bool,
+    policy: EnvelopePolicy,
+) -> Admission:
+    """Whether a (valid) request can reserve now, and if not, the reason it waits."""
+    max_active = policy.max_active_claims or MAX_ACTIVE_CLAIMS_LIMIT
+    if len(live) >= max_active:
+        return Admission(False, "MaxActiveClaims", f"{len(live)} of {max_active} claims active")
+    tentative = sum(1 for e in live if e.phase.value == "Tentative")
+    if (
+        will_be_tentative
+        and policy.max_tentative_claims is not None
+        and tentative >= policy.max_tentative_claims
+    ):
+        return Admission(
+            False,
+            "MaxTentativeClaims",
+            f"{tentative} of {policy.max_tentative_claims} tentative claims held",
+        )
+    if all_entries >= MAX_LEDGER_ENTRIES:
+        return Admission(
+            False,
+            "LedgerFull",
+            f"the ledger holds {all_entries} entries; delete settled claims to make room",
+        )
+    if not fits(requests, available):
+        short = sorted(n for n, a in requests.items() if a > available.get(n, ZERO))
+        return Admission(
+            False, "InsufficientCapacity", f"not enough available {', '.join(short)}"
+        )
+    return Admission(True, "Admitted")
+
+
+def queue_expired(created_at: datetime, now: datetime, policy: EnvelopePolicy) -> bool:
+    return now >= created_at + timedelta(seconds=policy.max_queue_seconds)
+
+
+def lease_seconds(requested: int | None, policy: EnvelopePolicy) -> int:
+    """The lease a claim gets: what it asked for, else the envelope default; never longer
+    than the claim's maximum lifetime."""
+    return min(requested or policy.default_lease_seconds, policy.max_claim_lifetime_seconds)
+
+
+def first_expiry(now: datetime, requested: int | None, policy: EnvelopePolicy) -> datetime:
+    return now + timedelta(seconds=lease_seconds(requested, policy))
+
+
+@dataclass(frozen=True)
+class Renewal:
+    granted: bool
+    expires_at: datetime | None = None
+    reason: str = ""
+    message: str = ""
+
+
+def renewal(
+    entry: LedgerEntry, now: datetime, requested: int | None, policy: EnvelopePolicy
+) -> Renewal:
+    """A renewal extends expiry and counts itself. It never moves first-reserved time,
+    priority, budget or queue position, and is refused past the lifetime or budget."""
+    assert entry.first_reserved_at is not None and entry.expires_at is not None
+    if policy.max_renewals is not None and entry.renewals >= policy.max_renewals:
+        return Renewal(False, reason="RenewalBudgetExhausted", message=(
+            f"{entry.renewals} of {policy.max_renewals} renewals used"
+        ))  # fmt: skip
+    end_of_life = entry.first_reserved_at + timedelta(seconds=policy.max_claim_lifetime_seconds)
+    if now >= end_of_life:
+        return Renewal(False, reason="MaxLifetime", message=(
+            f"the claim reached its maximum lifetime of {policy.max_claim_lifetime_seconds}s"
+        ))  # fmt: skip
+    expires_at = min(now + timedelta(seconds=lease_seconds(requested, policy)), end_of_life)
+    return Renewal(True, expires_at=max(expires_at, entry.expires_at))
+
+
+def ambiguity_deadline(entry: LedgerEntry, policy: EnvelopePolicy) -> datetime | None:
+    if entry.detached_at is None:
+        return None
+    return entry.detached_at + timedelta(seconds=policy.ambiguity_deadline_seconds)

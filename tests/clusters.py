@@ -1,0 +1,94 @@
+"""Clusters for the tests, all with the surface of pytest-kind's `KindCluster`:
+`kubeconfig_path`, `kubectl(*args)` (returns stdout) and `delete()`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Protocol
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "hack"))
+
+from localcluster import LocalCluster, NodeShape  # noqa: E402
+
+
+class TestCluster(Protocol):
+    kubeconfig_path: Path
+
+    def kubectl(self, *args: str, input: str | None = None) -> str: ...
+
+    def delete(self) -> None: ...
+
+
+class LocalTestCluster:
+    """The envtest-style control plane of hack/localcluster.py, in its own directory."""
+
+    def __init__(self, directory: Path) -> None:
+        self._cluster = LocalCluster(directory, NodeShape())
+        self._cluster.up()
+        self.kubeconfig_path = self._cluster.kubeconfig
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        return self._cluster.kubectl(*args, input=input)
+
+    def delete(self) -> None:
+        self._cluster.down(quiet=True)
+
+
+class ExistingCluster:
+    """Whatever the current KUBECONFIG points at; never torn down by the tests."""
+
+    def __init__(self) -> None:
+        path = os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config"))
+        self.kubeconfig_path = Path(path.split(os.pathsep)[0])
+        self._kubectl = shutil.which("kubectl") or "kubectl"
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        result = subprocess.run(
+            [self._kubectl, "--kubeconfig", str(self.kubeconfig_path), *args],
+            input=input,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def delete(self) -> None:
+        pass
+
+
+class KindTestCluster:
+    """pytest-kind, for machines with Docker. GPU nodes are not simulated there: tests that
+    need `nvidia.com/gpu` capacity expect KWOK nodes, so install KWOK in the kind cluster
+    (see README) before running the GPU tests against it."""
+
+    def __init__(self) -> None:
+        from pytest_kind import KindCluster
+
+        self._kind = KindCluster("reservoir-test")
+        self._kind.create()
+        self.kubeconfig_path = Path(self._kind.kubeconfig_path)
+
+    def kubectl(self, *args: str, input: str | None = None) -> str:
+        if input is not None:
+            return str(self._kind.kubectl(*args, input=input))
+        return str(self._kind.kubectl(*args))
+
+    def delete(self) -> None:
+        self._kind.delete()
+
+
+def open_cluster(kind: str, repo: Path) -> TestCluster:
+    if kind == "local":
+        return LocalTestCluster(repo / ".cluster" / "test")
+    if kind == "existing":
+        return ExistingCluster()
+    if kind == "kind":
+        return KindTestCluster()
+    raise ValueError(f"unknown --cluster {kind!r}")

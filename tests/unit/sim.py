@@ -1,0 +1,112 @@
+"""A tiny driver for the pure core: one envelope, its claims' facts, and a clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, PodFacts
+from reservoir.core.model import (
+    BranchClaimSpec,
+    ClaimPhase,
+    EnvelopePolicy,
+    LedgerEntry,
+    ReservationEnvelopeSpec,
+    ReservationEnvelopeStatus,
+)
+from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+class Sim:
+    def __init__(self, capacity: dict[str, str] | None = None, **policy: Any) -> None:
+        spec = ReservationEnvelopeSpec(
+            capacity=capacity or {"tokens": "100"}, policy=EnvelopePolicy(**policy)
+        )
+        self.envelope = EnvelopeFacts(spec=spec, created_at=T0)
+        self.status = ReservationEnvelopeStatus()
+        self.claims: dict[str, ClaimFacts] = {}
+        self.now = T0
+        self.events: list[LedgerEvent] = []
+        self.last: Reconciliation | None = None
+
+    # - time -
+    def tick(self, seconds: float = 1) -> Sim:
+        self.now += timedelta(seconds=seconds)
+        return self
+
+    # - declared facts -
+    def create(self, name: str, requests: dict[str, str] | None = None, **spec: Any) -> Sim:
+        full = BranchClaimSpec(
+            envelope="env", branch=name, requests=requests or {"tokens": "20"}, **spec
+        )
+        self.claims[name] = ClaimFacts(uid=name, name=name, created_at=self.now, spec=full)
+        return self
+
+    def update(self, name: str, **changes: Any) -> Sim:
+        facts = self.claims[name]
+        spec = BranchClaimSpec.model_validate({**facts.spec.model_dump(), **changes})
+        self.claims[name] = replace(facts, spec=spec)
+        return self
+
+    def dispatch(self, name: str) -> Sim:
+        return self.update(name, intent="Dispatch")
+
+    def cancel(self, name: str) -> Sim:
+        return self.update(name, intent="Cancel")
+
+    def usage(self, name: str, tokens: str, final: bool = False, outcome: str | None = None) -> Sim:
+        changes: dict[str, Any] = {"usage": {"tokens": tokens}, "final": final}
+        if final:
+            changes["outcome"] = outcome or "Succeeded"
+        return self.update(name, **changes)
+
+    def heartbeat(self, name: str, token: str) -> Sim:
+        self.claims[name] = replace(self.claims[name], heartbeat=token)
+        return self
+
+    def pod(self, name: str, scheduled: bool = False, running: bool = False) -> Sim:
+        self.claims[name] = replace(
+            self.claims[name], pod=PodFacts(scheduled=scheduled, running=running)
+        )
+        return self
+
+    def delete(self, name: str) -> Sim:
+        self.claims[name] = replace(self.claims[name], deleting=True)
+        return self
+
+    def remove(self, name: str) -> Sim:
+        del self.claims[name]
+        return self
+
+    def close(self) -> Sim:
+        spec = {**self.envelope.spec.model_dump(), "state": "Closed"}
+        self.envelope = replace(self.envelope, spec=ReservationEnvelopeSpec.model_validate(spec))
+        return self
+
+    # - the operator -
+    def reconcile(self) -> Sim:
+        self.last = reconcile(self.envelope, self.status, list(self.claims.values()), self.now)
+        self.status = self.last.status
+        self.events += self.last.events
+        return self
+
+    # - reading -
+    def entry(self, name: str) -> LedgerEntry:
+        return self.status.entries[name]
+
+    def phase(self, name: str) -> ClaimPhase:
+        if name not in self.status.entries:
+            return ClaimPhase.PENDING
+        return self.entry(name).phase
+
+    def available(self, resource: str = "tokens") -> str:
+        return str(self.status.totals.available[resource])
+
+    def total(self, part: str, resource: str = "tokens") -> str:
+        return str(getattr(self.status.totals, part)[resource])
+
+    def reasons(self, name: str) -> list[str]:
+        return [e.reason for e in self.events if e.claim == name]
