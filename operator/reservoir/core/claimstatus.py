@@ -48,7 +48,7 @@ def claim_status(
         lease=_lease(entry),
         placement=placement,
         settlement=entry.settlement,
-        late=entry.late,
+        late=entry.late if entry.late and entry.late.count else None,
         overrun=entry.overrun,
         conditions=merge_conditions(previous.conditions, _conditions(entry), now, generation),
         observed_generation=generation,
@@ -102,7 +102,7 @@ def _conditions(entry: LedgerEntry) -> list[Desired]:
     ]
     if entry.overrun is not None:
         wanted.append(Desired("Overrun", True, "UsageAboveReservation"))
-    if entry.late is not None:
+    if entry.late is not None and entry.late.count > 0:
         wanted.append(Desired("LateReport", True, "ReportAfterSettlement"))
     if entry.dispatch_fenced:
         wanted.append(Desired("DispatchRefused", True, "ClaimAlreadySettled"))

@@ -125,6 +125,9 @@ def settle(
     entry.settlement = Settlement(
         key=settlement_key(step.facts), phase=phase, reason=reason, outcome=outcome, at=step.now
     )
+    # The report as it stands at settlement is the baseline: only a different one is late.
+    spec = step.facts.spec
+    entry.late = LateReport(usage=dict(spec.usage), final=spec.final, outcome=spec.outcome)
     step.move(phase, reason, message or f"settled: {reason}")
 
 
@@ -325,17 +328,9 @@ def record_after_settlement(step: Step) -> None:
             "create a new claim (new attempt) instead",
             warning=True,
         )
-    if not (spec.usage or spec.final):
-        return
-    accepted_final = settled.phase is ClaimPhase.CONSUMED and settled.reason in (
-        "Completed",
-        "SettledAfterDetach",
-    )
-    if accepted_final and spec.usage == entry.consumed:
-        return  # the report that settled it, seen again
     late = entry.late or LateReport()
     if (late.usage, late.final, late.outcome) == (dict(spec.usage), spec.final, spec.outcome):
-        return  # the same late report, seen again
+        return  # the report the claim settled with, or a late one already recorded
     entry.late = LateReport(
         count=late.count + 1,
         usage=dict(spec.usage),

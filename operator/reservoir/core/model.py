@@ -310,7 +310,8 @@ class Settlement(Model):
 
 
 class LateReport(Model):
-    """Reports that arrived after settlement: kept for audit, never applied."""
+    """Reports that arrived after settlement: kept for audit, never applied. With count 0
+    it holds the report as it stood at settlement, the baseline a late report differs from."""
 
     count: int = Field(default=0, ge=0, description="Distinct reports after settlement.")
     usage: ResourceMap = resource_map("The last late report's cumulative usage.")

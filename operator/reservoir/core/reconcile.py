@@ -15,7 +15,14 @@ from decimal import Decimal
 
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import add, compute_totals, render
-from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, Step, advance, settle
+from reservoir.core.lifecycle import (
+    ClaimFacts,
+    LedgerEvent,
+    Step,
+    advance,
+    record_after_settlement,
+    settle,
+)
 from reservoir.core.model import (
     BranchClaimSpec,
     ClaimPhase,
@@ -81,7 +88,11 @@ def reconcile(
     # 1. Advance every admitted claim by its facts; claims gone without settling are
     #    treated as deleted (a claim's finalizer normally prevents that).
     for uid, entry in list(ledger.entries.items()):
-        facts = facts_by_uid.get(uid) or _gone(uid, entry)
+        facts = facts_by_uid.get(uid)
+        if facts is None:
+            if entry.phase.terminal:
+                continue  # settled and gone: pruned below
+            facts = _gone(uid, entry)
         was_settled = entry.settlement is not None
         result.events += advance(entry, facts, policy, now)
         if not was_settled and entry.settlement is not None:
@@ -143,6 +154,9 @@ def _close_unadmitted(
     entry = _new_entry(facts, {})
     step = Step(entry, facts, result.now)
     settle(step, phase, reason, message=message, outcome=facts.spec.outcome)
+    # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
+    # replay of the same facts finds nothing left to do.
+    record_after_settlement(step)
     result.status.entries[facts.uid] = entry
     result.events += step.events
 
