@@ -32,6 +32,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -207,7 +208,7 @@ def process_alive(pid: int, component: str) -> bool:
     return state != "Z" and os.path.basename(cmdline) == component
 
 
-def start(component: str, args: list[str], binaries: Path, logs: Path) -> int:
+def start(component: str, args: list[str], binaries: Path, logs: Path) -> subprocess.Popen[bytes]:
     logfile = (logs / f"{component}.log").open("ab")
     process = subprocess.Popen(
         [str(binaries / component), *args],
@@ -217,7 +218,7 @@ def start(component: str, args: list[str], binaries: Path, logs: Path) -> int:
         start_new_session=True,  # our own process group: a Ctrl-C in the shell won't kill it
     )
     logfile.close()
-    return process.pid
+    return process
 
 
 def stop(pid: int, component: str, grace: float = 10.0) -> None:
@@ -235,15 +236,20 @@ def stop(pid: int, component: str, grace: float = 10.0) -> None:
 
 
 def wait_until(
-    what: str, check: object, timeout: float, logfile: Path, pid: int | None = None
+    what: str,
+    check: Callable[[], object],
+    timeout: float,
+    logfile: Path,
+    process: subprocess.Popen[bytes] | None = None,
 ) -> None:
     """Poll `check()` until it is truthy; on timeout or a dead process, point at the log."""
-    assert callable(check)
     deadline = time.monotonic() + timeout
     last_error = ""
     while time.monotonic() < deadline:
-        if pid is not None and not process_alive(pid, logfile.stem):
-            raise ClusterError(f"{what} exited during start-up; see its log: {logfile}")
+        if process is not None and process.poll() is not None:
+            raise ClusterError(
+                f"{what} exited (code {process.returncode}) during start-up; see its log: {logfile}"
+            )
         try:
             if check():
                 return
@@ -301,11 +307,12 @@ class LocalCluster:
         write_kubeconfig(self.kubeconfig, self.pki, state.ports["kube-apiserver"])
         try:
             for component in COMPONENTS:
-                state.pids[component] = start(
+                process = start(
                     component, self.arguments(component, state.ports), self.binaries, self.logs
                 )
+                state.pids[component] = process.pid
                 state.save(self.state_file)
-                self.wait_ready(component, state)
+                self.wait_ready(component, state.ports[component], process)
             self.create_gpu_nodes()
             self.wait_nodes_ready()
             self.wait_default_service_account()
@@ -364,7 +371,10 @@ class LocalCluster:
             "--leader-elect=false",
         ]
         if component == "etcd":
-            client, peer = f"http://127.0.0.1:{ports['etcd']}", f"http://127.0.0.1:{ports['etcd-peer']}"
+            client, peer = (
+                f"http://127.0.0.1:{ports['etcd']}",
+                f"http://127.0.0.1:{ports['etcd-peer']}",
+            )
             return [
                 f"--data-dir={self.dir / 'etcd-data'}",
                 f"--listen-client-urls={client}",
@@ -418,8 +428,7 @@ class LocalCluster:
             ]
         raise ValueError(component)
 
-    def wait_ready(self, component: str, state: ClusterState) -> None:
-        port, pid = state.ports[component], state.pids[component]
+    def wait_ready(self, component: str, port: int, process: subprocess.Popen[bytes]) -> None:
         logfile = self.logs / f"{component}.log"
         checks = {
             "etcd": lambda: http_ok(f"http://127.0.0.1:{port}/health"),
@@ -428,8 +437,8 @@ class LocalCluster:
             "kube-scheduler": lambda: https_ok(f"https://127.0.0.1:{port}/healthz"),
             "kwok": lambda: http_ok(f"http://127.0.0.1:{port}/healthz"),
         }
-        wait_until(component, checks[component], timeout=90, logfile=logfile, pid=pid)
-        log(f"{component} ready (pid {pid})")
+        wait_until(component, checks[component], timeout=90, logfile=logfile, process=process)
+        log(f"{component} ready (pid {process.pid})")
 
     def gpu_node(self, index: int) -> dict[str, object]:
         shape = self.nodes

@@ -16,7 +16,7 @@ sys.path.insert(0, str(REPO / "hack"))
 from localcluster import LocalCluster, NodeShape  # noqa: E402
 
 
-class TestCluster(Protocol):
+class ClusterHandle(Protocol):
     kubeconfig_path: Path
 
     def kubectl(self, *args: str, input: str | None = None) -> str: ...
@@ -45,7 +45,8 @@ class ExistingCluster:
     def __init__(self) -> None:
         path = os.environ.get("KUBECONFIG", str(Path.home() / ".kube" / "config"))
         self.kubeconfig_path = Path(path.split(os.pathsep)[0])
-        self._kubectl = shutil.which("kubectl") or "kubectl"
+        built = Path.home() / ".cache" / "reservoir" / "bin" / "current" / "kubectl"
+        self._kubectl = shutil.which("kubectl") or str(built)
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         result = subprocess.run(
@@ -84,7 +85,7 @@ class KindTestCluster:
         self._kind.delete()
 
 
-def open_cluster(kind: str, repo: Path) -> TestCluster:
+def open_cluster(kind: str, repo: Path) -> ClusterHandle:
     if kind == "local":
         return LocalTestCluster(repo / ".cluster" / "test")
     if kind == "existing":

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.clusters import TestCluster, open_cluster
+from tests.clusters import ClusterHandle, open_cluster
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,7 +29,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def cluster(request: pytest.FixtureRequest) -> Iterator[TestCluster]:
+def cluster(request: pytest.FixtureRequest) -> Iterator[ClusterHandle]:
     """A real Kubernetes control plane for the whole session, torn down at the end."""
     kind = request.config.getoption("--cluster")
     handle = open_cluster(kind, REPO)

@@ -222,7 +222,9 @@ def test_a_settled_claim_never_settles_again_on_replayed_facts() -> None:
 
 
 def test_a_report_after_settlement_is_recorded_as_late_and_never_reopens() -> None:
-    sim = Sim(ambiguity_deadline_seconds=10, at_ambiguity_deadline="Release", default_lease_seconds=5)
+    sim = Sim(
+        ambiguity_deadline_seconds=10, at_ambiguity_deadline="Release", default_lease_seconds=5
+    )
     sim.create("a").reconcile().dispatch("a").reconcile()
     sim.tick(6).reconcile().tick(11).reconcile()
     assert sim.phase("a") is P.RELEASED
@@ -340,9 +342,7 @@ def test_a_final_report_settles_a_detached_claim() -> None:
 def test_the_ambiguity_deadline_applies_its_policy_and_records_it(
     action: str, phase: P, committed: str, available: str, reconciling: str
 ) -> None:
-    sim = Sim(
-        default_lease_seconds=5, ambiguity_deadline_seconds=60, at_ambiguity_deadline=action
-    )
+    sim = Sim(default_lease_seconds=5, ambiguity_deadline_seconds=60, at_ambiguity_deadline=action)
     sim.create("a").reconcile().dispatch("a").reconcile().tick(5).reconcile()
     sim.tick(59).reconcile()
     assert sim.phase("a") is P.DETACHED, "nothing happens before the deadline"

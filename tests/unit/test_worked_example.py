@@ -34,7 +34,8 @@ def test_parent_100_four_children_of_20_settle_to_committed_37_available_63() ->
     assert totals.committed["tokens"] == 37
     assert totals.reserved["tokens"] + totals.reconciling["tokens"] == 0
     assert totals.available["tokens"] == 63
-    assert sum(
-        (totals.committed["tokens"], totals.reserved["tokens"], totals.available["tokens"])
-    ) == 100
+    assert (
+        sum((totals.committed["tokens"], totals.reserved["tokens"], totals.available["tokens"]))
+        == 100
+    )
     assert [sim.entry(b).released["tokens"] for b in "ABCD"] == [0, 8, 20, 15]

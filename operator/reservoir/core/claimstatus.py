@@ -84,9 +84,7 @@ def _conditions(entry: LedgerEntry) -> list[Desired]:
             "Detached",
             phase is ClaimPhase.DETACHED,
             "LeaseLapsed" if phase is ClaimPhase.DETACHED else "Attached",
-            "outcome unknown: capacity held as reconciling"
-            if phase is ClaimPhase.DETACHED
-            else "",
+            "outcome unknown: capacity held as reconciling" if phase is ClaimPhase.DETACHED else "",
         ),
         Desired(
             "CancelRequested",

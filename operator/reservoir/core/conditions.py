@@ -32,7 +32,9 @@ def merge_conditions(
                 status=status,
                 reason=want.reason,
                 message=want.message,
-                last_transition_time=now if changed or before is None else before.last_transition_time,
+                last_transition_time=now
+                if changed or before is None
+                else before.last_transition_time,
                 observed_generation=generation,
             )
         )

@@ -21,7 +21,7 @@ ZERO = Decimal(0)
 Resources = dict[str, Decimal]
 
 
-class InvariantViolation(RuntimeError):
+class InvariantViolationError(RuntimeError):
     """A ledger that would break the capacity invariant. It is never written."""
 
 
@@ -60,14 +60,14 @@ def compute_totals(
     entries: Iterable[LedgerEntry],
 ) -> ResourceTotals:
     """Totals from the capacity, the running committed total and the live entries.
-    Raises InvariantViolation rather than produce a ledger that overdraws a dimension."""
+    Raises InvariantViolationError rather than produce a ledger that overdraws a dimension."""
     entries = list(entries)
     held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
     reconciling = total(e.reserved for e in entries if _detached(e))
     dimensions = set(capacity)
     stray = (set(held) | set(reconciling) | set(committed)) - dimensions
     if stray:
-        raise InvariantViolation(f"ledger holds resources the envelope lacks: {sorted(stray)}")
+        raise InvariantViolationError(f"ledger holds resources the envelope lacks: {sorted(stray)}")
     available = subtract(subtract(subtract(capacity, committed), held), reconciling)
     totals = ResourceTotals(
         capacity=clean(capacity, dimensions),
@@ -95,9 +95,10 @@ def check_invariant(totals: ResourceTotals) -> None:
         }
         negative = [part for part, value in parts.items() if value < 0]
         if negative:
-            raise InvariantViolation(f"{name}: {', '.join(negative)} would be negative: {parts}")
+            negatives = ", ".join(negative)
+            raise InvariantViolationError(f"{name}: {negatives} would be negative: {parts}")
         if sum(parts.values(), ZERO) != capacity:
-            raise InvariantViolation(f"{name}: {parts} do not add up to capacity {capacity}")
+            raise InvariantViolationError(f"{name}: {parts} do not add up to capacity {capacity}")
 
 
 def render(resources: Mapping[str, Decimal]) -> str:

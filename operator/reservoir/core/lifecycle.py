@@ -94,9 +94,7 @@ class Step:
     events: list[LedgerEvent] = field(default_factory=list)
 
     def note(self, reason: str, message: str, warning: bool = False) -> None:
-        self.events.append(
-            LedgerEvent(self.facts.uid, self.facts.name, reason, message, warning)
-        )
+        self.events.append(LedgerEvent(self.facts.uid, self.facts.name, reason, message, warning))
 
     def move(self, phase: ClaimPhase, reason: str, message: str) -> None:
         self.entry.phase = phase
@@ -311,7 +309,7 @@ def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
 
 def record_after_settlement(step: Step) -> None:
     """After settlement only records: late reports and fenced dispatches."""
-    entry, facts, spec = step.entry, step.facts, step.facts.spec
+    entry, spec = step.entry, step.facts.spec
     settled = entry.settlement
     assert settled is not None
     never_ran = settled.phase in (ClaimPhase.RELEASED, ClaimPhase.EXPIRED, ClaimPhase.REJECTED)

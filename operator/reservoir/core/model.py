@@ -24,6 +24,7 @@ from pydantic import (
     WithJsonSchema,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict, JsonValue
 
 from reservoir.core.quantity import QUANTITY_PATTERN, format_quantity, parse_quantity
 
@@ -47,7 +48,7 @@ Quantity = Annotated[
     WithJsonSchema({"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": 40}),
 ]
 
-RESOURCE_NAME_RULE = {
+RESOURCE_NAME_RULE: JsonDict = {
     "rule": "self.all(k, size(k) <= 63 && "
     "k.matches('^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",
     "message": "resource names look like 'tokens', 'cost' or 'nvidia.com/gpu' "
@@ -55,14 +56,20 @@ RESOURCE_NAME_RULE = {
 }
 
 
-def resource_map(description: str, *rules: dict[str, str]) -> Any:
+QUANTITY_BOUND_RULE: JsonDict = {
+    "rule": "self.all(k, quantity(self[k]).compareTo(quantity('1E')) <= 0)",
+    "message": "quantities may not exceed 1E (10^18)",
+}
+
+
+def resource_map(description: str, *rules: JsonDict) -> Any:
     """A bounded map of resource name to quantity, e.g. {"tokens": "20k"}."""
     return Field(
         default_factory=dict,
         description=description,
         json_schema_extra={
             "maxProperties": MAX_RESOURCES,
-            "x-kubernetes-validations": [RESOURCE_NAME_RULE, *rules],
+            "x-kubernetes-validations": [RESOURCE_NAME_RULE, QUANTITY_BOUND_RULE, *rules],
         },
     )
 
@@ -209,8 +216,7 @@ class EnvelopePolicy(Model):
         default=3600,
         ge=1,
         le=MAX_SECONDS,
-        description="No renewal extends a claim's lease past this long after it first "
-        "reserved.",
+        description="No renewal extends a claim's lease past this long after it first reserved.",
     )
     max_renewals: int | None = Field(
         default=None,
@@ -245,6 +251,8 @@ class EnvelopePolicy(Model):
 
 
 class ReservationEnvelopeSpec(Model):
+    """A workflow's budget and the policy its claims are admitted under."""
+
     capacity: ResourceMap = resource_map(
         "The budget, per resource: {tokens: 100k, cost: '12.50', nvidia.com/gpu: 8}. "
         "A dimension may grow, never shrink or disappear.",
@@ -397,7 +405,9 @@ class ReservationEnvelopeStatus(Model):
         default_factory=EnvelopeSummary, description="Totals rendered for `kubectl get`."
     )
     totals: ResourceTotals = Field(
-        default_factory=ResourceTotals, description="The ledger's per-resource totals."
+        default_factory=ResourceTotals,
+        description="The ledger's per-resource totals. For every resource: "
+        "committed + reserved + reconciling + available == capacity.",
     )
     entries: dict[str, LedgerEntry] = Field(
         default_factory=dict,
@@ -456,7 +466,7 @@ class LeaseSettings(Model):
 class Placement(Model):
     """Hints for physical resources, copied onto the placeholder pod."""
 
-    node_selector: dict[str, str] = Field(
+    node_selector: dict[str, Annotated[str, Field(max_length=MAX_NAME_LENGTH)]] = Field(
         default_factory=dict,
         description="Node labels the reservation must land on.",
         json_schema_extra={"maxProperties": 32},
@@ -476,11 +486,13 @@ class Placement(Model):
     )
 
 
-def immutable(what: str) -> dict[str, Any]:
+def immutable(what: str) -> JsonDict:
     return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what}"}]}
 
 
 class BranchClaimSpec(Model):
+    """What one branch asks for, and the facts its orchestrator and worker declare."""
+
     envelope: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
@@ -541,8 +553,7 @@ class BranchClaimSpec(Model):
         {
             "rule": "oldSelf.all(k, k in self && "
             "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
-            "message": "usage is cumulative: a reported resource may not decrease or "
-            "disappear",
+            "message": "usage is cumulative: a reported resource may not decrease or disappear",
         },
     )
     final: bool = Field(
@@ -557,7 +568,7 @@ class BranchClaimSpec(Model):
     )
 
 
-CLAIM_SPEC_RULES = [
+CLAIM_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!has(self.final) || !self.final || has(self.outcome)",
         "message": "a final report needs an outcome (Succeeded, Failed or Cancelled)",
@@ -581,7 +592,9 @@ BranchClaimSpec.model_config["json_schema_extra"] = {"x-kubernetes-validations":
 
 
 class LeaseStatus(Model):
-    holder: str | None = Field(default=None, description="Who holds the lease.")
+    holder: str | None = Field(
+        default=None, max_length=MAX_NAME_LENGTH, description="Who holds the lease."
+    )
     generation: int = Field(default=0, ge=0, description="Lease generation (fencing aid).")
     first_reserved_at: datetime | None = Field(default=None, description="First reserved.")
     renewed_at: datetime | None = Field(default=None, description="Last renewal granted.")
@@ -590,8 +603,12 @@ class LeaseStatus(Model):
 
 
 class PlacementStatus(Model):
-    node: str | None = Field(default=None, description="Node the reservation is placed on.")
-    placeholder_pod: str | None = Field(default=None, description="The placeholder pod.")
+    node: str | None = Field(
+        default=None, max_length=MAX_NAME_LENGTH, description="Node the reservation is on."
+    )
+    placeholder_pod: str | None = Field(
+        default=None, max_length=MAX_NAME_LENGTH, description="The placeholder pod."
+    )
 
 
 class BranchClaimStatus(Model):

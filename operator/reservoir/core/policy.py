@@ -97,9 +97,7 @@ def admission(
         )
     if not fits(requests, available):
         short = sorted(n for n, a in requests.items() if a > available.get(n, ZERO))
-        return Admission(
-            False, "InsufficientCapacity", f"not enough available {', '.join(short)}"
-        )
+        return Admission(False, "InsufficientCapacity", f"not enough available {', '.join(short)}")
     return Admission(True, "Admitted")
 
 
@@ -132,14 +130,12 @@ def renewal(
     priority, budget or queue position, and is refused past the lifetime or budget."""
     assert entry.first_reserved_at is not None and entry.expires_at is not None
     if policy.max_renewals is not None and entry.renewals >= policy.max_renewals:
-        return Renewal(False, reason="RenewalBudgetExhausted", message=(
-            f"{entry.renewals} of {policy.max_renewals} renewals used"
-        ))  # fmt: skip
+        used = f"{entry.renewals} of {policy.max_renewals} renewals used"
+        return Renewal(False, reason="RenewalBudgetExhausted", message=used)
     end_of_life = entry.first_reserved_at + timedelta(seconds=policy.max_claim_lifetime_seconds)
     if now >= end_of_life:
-        return Renewal(False, reason="MaxLifetime", message=(
-            f"the claim reached its maximum lifetime of {policy.max_claim_lifetime_seconds}s"
-        ))  # fmt: skip
+        reached = f"reached its maximum lifetime of {policy.max_claim_lifetime_seconds}s"
+        return Renewal(False, reason="MaxLifetime", message=reached)
     expires_at = min(now + timedelta(seconds=lease_seconds(requested, policy)), end_of_life)
     return Renewal(True, expires_at=max(expires_at, entry.expires_at))
 

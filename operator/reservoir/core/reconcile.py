@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.conditions import Desired, merge_conditions
@@ -57,9 +57,7 @@ class EnvelopeFacts:
         return lifetime is not None and now >= self.created_at + timedelta(seconds=lifetime)
 
     def accepting(self, now: datetime) -> bool:
-        return not (
-            self.deleting or self.spec.state is EnvelopeState.CLOSED or self.expired(now)
-        )
+        return not (self.deleting or self.spec.state is EnvelopeState.CLOSED or self.expired(now))
 
 
 @dataclass
@@ -131,7 +129,7 @@ def _gone(uid: str, entry: LedgerEntry) -> ClaimFacts:
     return ClaimFacts(
         uid=uid,
         name=entry.claim,
-        created_at=entry.first_reserved_at or datetime.min,
+        created_at=entry.first_reserved_at or datetime.min.replace(tzinfo=UTC),
         spec=spec,
         deleting=True,
     )
@@ -274,9 +272,7 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
                 "Settled",
                 ledger.closed_at is not None,
                 "BalanceReleased" if ledger.closed_at else "ClaimsLive",
-                "every claim settled and the balance was released"
-                if ledger.closed_at
-                else "",
+                "every claim settled and the balance was released" if ledger.closed_at else "",
             ),
         ],
         now,

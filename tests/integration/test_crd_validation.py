@@ -1,0 +1,248 @@
+"""The API server itself rejects bad Reservoir input, with the message each rule declares.
+
+Every rule in crds/ is exercised here against a real kube-apiserver: schema bounds,
+quantity syntax, immutability, and the CEL transition rules with `oldSelf`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.clusters import ClusterHandle
+
+REPO = Path(__file__).resolve().parents[2]
+API = "reservoir.dev/v1alpha1"
+
+
+class RejectedError(AssertionError):
+    pass
+
+
+@pytest.fixture(scope="module")
+def crds(cluster: ClusterHandle) -> None:
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    for name in ("reservationenvelopes", "branchclaims"):
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{name}.reservoir.dev", "--timeout=60s"
+        )
+
+
+@pytest.fixture
+def ns(cluster: ClusterHandle, crds: None) -> Iterator[str]:
+    name = f"crd-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def envelope(name: str = "wf", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "ReservationEnvelope",
+        "metadata": {"name": name},
+        "spec": {"capacity": {"tokens": "100k", "cost": "12.50"}, **spec},
+    }
+
+
+def claim(name: str = "a", **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": API,
+        "kind": "BranchClaim",
+        "metadata": {"name": name},
+        "spec": {"envelope": "wf", "branch": "search", "requests": {"tokens": "20k"}, **spec},
+    }
+
+
+def create(cluster: ClusterHandle, ns: str, obj: dict[str, Any]) -> None:
+    try:
+        cluster.kubectl("create", "-n", ns, "-f", "-", input=json.dumps(obj))
+    except RuntimeError as error:
+        raise RejectedError(str(error)) from None
+
+
+def patch(cluster: ClusterHandle, ns: str, kind: str, name: str, spec: dict[str, Any]) -> None:
+    try:
+        cluster.kubectl(
+            "patch", kind, name, "-n", ns, "--type=merge", "-p", json.dumps({"spec": spec})
+        )
+    except RuntimeError as error:
+        raise RejectedError(str(error)) from None
+
+
+# --- valid objects are accepted --------------------------------------------------------
+
+
+def test_valid_envelope_and_claim_are_accepted_with_defaults(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    create(cluster, ns, envelope(policy={"maxActiveClaims": 8, "atAmbiguityDeadline": "Hold"}))
+    create(
+        cluster,
+        ns,
+        claim(
+            requests={"tokens": "20k", "cost": "1.5", "nvidia.com/gpu": "1"},
+            priority=5,
+            commitPoint="PodScheduled",
+            upstream={"operationId": "op-1", "supportsCancel": True},
+        ),
+    )
+    stored = json.loads(cluster.kubectl("get", "bclaim", "a", "-n", ns, "-o", "json"))
+    assert stored["spec"]["intent"] == "Hold"  # defaulted by the API server
+    assert stored["spec"]["attempt"] == 1
+    names = cluster.kubectl("get", "reservoir", "-n", ns, "-o", "name")
+    assert (
+        "branchclaim.reservoir.dev/a" in names and "reservationenvelope.reservoir.dev/wf" in names
+    )
+
+
+def test_a_valid_lifecycle_of_spec_updates_is_accepted(cluster: ClusterHandle, ns: str) -> None:
+    create(cluster, ns, claim())
+    patch(cluster, ns, "bclaim", "a", {"intent": "Dispatch"})
+    patch(cluster, ns, "bclaim", "a", {"usage": {"tokens": "5k"}})
+    patch(cluster, ns, "bclaim", "a", {"usage": {"tokens": "7k", "cost": "0.25"}})
+    patch(cluster, ns, "bclaim", "a", {"intent": "Cancel"})
+    patch(cluster, ns, "bclaim", "a", {"usage": {"tokens": "9k", "cost": "0.25"}, "final": True,
+                                       "outcome": "Cancelled"})  # fmt: skip
+    create(cluster, ns, envelope())
+    patch(cluster, ns, "renv", "wf", {"capacity": {"tokens": "200k", "cost": "12.50"}})
+    patch(cluster, ns, "renv", "wf", {"state": "Closed"})
+
+
+# --- creation-time validation ------------------------------------------------------------
+
+BAD_CLAIMS = [
+    ("negative quantity", {"requests": {"tokens": "-5"}}, "spec.requests.tokens"),
+    ("malformed quantity", {"requests": {"tokens": "5 tokens"}}, "should match"),
+    ("float-ish garbage", {"requests": {"tokens": "1.2.3"}}, "should match"),
+    ("huge quantity", {"requests": {"tokens": "1e99"}}, "may not exceed 1E"),
+    ("quantity as a number", {"requests": {"tokens": 5}}, "must be of type string"),
+    ("requests as a string", {"requests": "lots"}, "must be of type object"),
+    ("bad resource name", {"requests": {"tok ens!": "1"}}, "resource names look like"),
+    ("unknown intent", {"intent": "Maybe"}, "Unsupported value"),
+    ("unknown commit point", {"commitPoint": "Whenever"}, "Unsupported value"),
+    ("attempt zero", {"attempt": 0}, "should be greater than or equal to 1"),
+    ("attempt as text", {"attempt": "one"}, "must be of type integer"),
+    ("huge priority", {"priority": 10**12}, "should be less than or equal to"),
+    ("final without outcome", {"final": True}, "a final report needs an outcome"),
+    ("too many resources", {"requests": {f"r{i}": "1" for i in range(17)}}, "17"),
+    ("empty envelope name", {"envelope": ""}, "spec.envelope"),
+    ("unknown outcome", {"final": True, "outcome": "Meh"}, "Unsupported value"),
+    ("huge lease", {"lease": {"durationSeconds": 10**10}}, "should be less than"),
+]
+
+
+@pytest.mark.parametrize(("case", "spec", "message"), BAD_CLAIMS, ids=[c[0] for c in BAD_CLAIMS])
+def test_bad_claims_are_rejected_with_a_clear_message(
+    cluster: ClusterHandle, ns: str, case: str, spec: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RejectedError, match=message.replace("(", r"\(")):
+        create(cluster, ns, claim(**spec))
+
+
+def test_unknown_fields_are_rejected(cluster: ClusterHandle, ns: str) -> None:
+    with pytest.raises(RejectedError, match="unknown field"):
+        create(cluster, ns, claim(reqeusts={"tokens": "1"}))
+
+
+BAD_ENVELOPES = [
+    ("negative capacity", {"capacity": {"tokens": "-1"}}, "spec.capacity.tokens"),
+    ("unknown state", {"state": "Ajar"}, "Unsupported value"),
+    ("unknown deadline action", {"policy": {"atAmbiguityDeadline": "Shrug"}}, "Unsupported"),
+    ("zero lease", {"policy": {"defaultLeaseSeconds": 0}}, "greater than or equal to 1"),
+    ("fan-out cap above the ledger's", {"policy": {"maxActiveClaims": 100000}}, "less than"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "spec", "message"), BAD_ENVELOPES, ids=[c[0] for c in BAD_ENVELOPES]
+)
+def test_bad_envelopes_are_rejected_with_a_clear_message(
+    cluster: ClusterHandle, ns: str, case: str, spec: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(RejectedError, match=message):
+        create(cluster, ns, envelope(**spec))
+
+
+# --- transition rules (oldSelf) ------------------------------------------------------------
+
+BAD_CLAIM_UPDATES = [
+    ("intent backwards", [{"intent": "Dispatch"}], {"intent": "Hold"}, "intent only moves forward"),
+    ("cancel undone", [{"intent": "Cancel"}], {"intent": "Dispatch"}, "intent only moves forward"),
+    ("usage decreases", [{"usage": {"tokens": "5"}}], {"usage": {"tokens": "4"}}, "cumulative"),
+    ("usage dimension dropped", [{"usage": {"tokens": "5", "cost": "1"}}],
+     {"usage": {"cost": None}}, "cumulative"),
+    ("final un-finalized", [{"final": True, "outcome": "Succeeded"}], {"final": False},
+     "cannot be un-finalized"),
+    ("outcome changed once final", [{"final": True, "outcome": "Succeeded"}],
+     {"outcome": "Failed"}, "outcome cannot change once"),
+    ("usage changed once final", [{"final": True, "outcome": "Succeeded",
+                                   "usage": {"tokens": "5"}}],
+     {"usage": {"tokens": "6"}}, "usage cannot change once the report is final"),
+    ("envelope changed", [], {"envelope": "other"}, "envelope is immutable"),
+    ("branch changed", [], {"branch": "other"}, "branch is immutable"),
+    ("attempt changed", [], {"attempt": 2}, "attempt is immutable"),
+    ("requests changed", [], {"requests": {"tokens": "1"}}, "requests are immutable"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("case", "before", "update", "message"),
+    BAD_CLAIM_UPDATES,
+    ids=[c[0] for c in BAD_CLAIM_UPDATES],
+)
+def test_bad_claim_updates_are_rejected_and_change_nothing(
+    cluster: ClusterHandle,
+    ns: str,
+    case: str,
+    before: list[dict[str, Any]],
+    update: dict[str, Any],
+    message: str,
+) -> None:
+    create(cluster, ns, claim())
+    for step in before:
+        patch(cluster, ns, "bclaim", "a", step)
+    stored = cluster.kubectl("get", "bclaim", "a", "-n", ns, "-o", "jsonpath={.spec}")
+    with pytest.raises(RejectedError, match=message):
+        patch(cluster, ns, "bclaim", "a", update)
+    after = cluster.kubectl("get", "bclaim", "a", "-n", ns, "-o", "jsonpath={.spec}")
+    assert json.loads(after) == json.loads(stored), "nothing already recorded is lost"
+
+
+def test_envelope_capacity_may_grow_but_never_shrink(cluster: ClusterHandle, ns: str) -> None:
+    create(cluster, ns, envelope())
+    with pytest.raises(RejectedError, match="never shrink"):
+        patch(cluster, ns, "renv", "wf", {"capacity": {"tokens": "1"}})
+    with pytest.raises(RejectedError, match="never shrink"):
+        patch(cluster, ns, "renv", "wf", {"capacity": {"cost": None}})
+
+
+def test_a_closed_envelope_cannot_be_reopened(cluster: ClusterHandle, ns: str) -> None:
+    create(cluster, ns, envelope())
+    patch(cluster, ns, "renv", "wf", {"state": "Closed"})
+    with pytest.raises(RejectedError, match="cannot be reopened"):
+        patch(cluster, ns, "renv", "wf", {"state": "Open"})
+
+
+def test_kubectl_explain_teaches_the_api(cluster: ClusterHandle, crds: None) -> None:
+    def explain(field: str) -> str:
+        # The API server publishes a new CRD's OpenAPI a moment after it is Established.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                return " ".join(cluster.kubectl("explain", field).split())
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+
+    text = explain("branchclaim.spec.intent")
+    assert "Dispatch" in text and "forward" in text
+    text = explain("reservationenvelope.status.totals")
+    assert "committed + reserved + reconciling + available == capacity" in text
