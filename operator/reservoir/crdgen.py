@@ -76,7 +76,17 @@ def crd(
     status: type[BaseModel],
     description: str,
     columns: list[dict[str, Any]],
+    selectable: tuple[str, ...] = (),
 ) -> dict[str, Any]:
+    version: dict[str, Any] = {
+        "name": API_VERSION,
+        "served": True,
+        "storage": True,
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": columns,
+    }
+    if selectable:
+        version["selectableFields"] = [{"jsonPath": path} for path in selectable]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
@@ -94,11 +104,7 @@ def crd(
             },
             "versions": [
                 {
-                    "name": API_VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": columns,
+                    **version,
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",
@@ -171,6 +177,8 @@ def claim_crd() -> dict[str, Any]:
             column("Settled", ".status.settlement.reason", priority=1),
             column("Age", ".metadata.creationTimestamp", "date"),
         ],
+        # `kubectl get bclaim --field-selector spec.envelope=wf`, and the operator's list
+        selectable=(".spec.envelope", ".spec.branch"),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 
 import pytest
@@ -414,3 +415,37 @@ def test_returned_capacity_stays_in_the_envelope_for_siblings() -> None:
     assert sim.phase("b") is P.PENDING
     sim.cancel("a").reconcile()
     assert sim.phase("b") is P.TENTATIVE
+
+
+# --- operator decisions and scheduling ------------------------------------------------------
+
+
+def test_force_settle_releases_an_uncommitted_claim_and_records_why() -> None:
+    sim = Sim().create("a").reconcile()
+    sim.claims["a"] = replace(sim.claims["a"], force_settle="ticket OPS-1: worker lost")
+    sim.reconcile()
+    assert sim.phase("a") is P.RELEASED
+    assert "ForceSettled" in sim.reasons("a")
+
+
+def test_force_settle_charges_a_committed_claim_its_last_accepted_usage() -> None:
+    sim = Sim().create("a").reconcile().dispatch("a").reconcile().usage("a", "6").reconcile()
+    sim.claims["a"] = replace(sim.claims["a"], force_settle="ticket OPS-2")
+    sim.reconcile()
+    assert sim.phase("a") is P.CONSUMED
+    assert (sim.total("committed"), sim.available()) == ("6", "94")
+
+
+def test_untouched_claims_keep_their_entries_exactly() -> None:
+    sim = Sim().create("a").reconcile()
+    before = sim.entry("a").model_copy(deep=True)
+    from reservoir.core.reconcile import reconcile
+
+    result = reconcile(sim.envelope, sim.status, [], sim.now, untouched=frozenset({"a"}))
+    assert result.status.entries["a"] == before
+
+
+def test_the_next_deadline_is_the_earliest_lease_end() -> None:
+    sim = Sim(default_lease_seconds=30).create("a").tick(10).create("b").reconcile()
+    assert sim.last is not None
+    assert sim.last.wake_at == sim.entry("a").expires_at

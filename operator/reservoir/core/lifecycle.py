@@ -66,6 +66,7 @@ class ClaimFacts:
     heartbeat: str | None = None  # opaque token of the lease holder's latest heartbeat
     pod: PodFacts | None = None
     settled_key: str | None = None  # from claim status, once mirrored
+    force_settle: str | None = None  # an operator's audited decision (the annotation's text)
 
     @property
     def cancelling(self) -> bool:
@@ -169,6 +170,9 @@ def advance(
         return step.events
 
     usage_accepted = check_usage(step)
+    if facts.force_settle is not None:
+        force_settle(step, facts.force_settle)
+        return step.events
     expire_lease(step)
     if entry.phase is ClaimPhase.TENTATIVE:
         advance_tentative(step, usage_accepted)
@@ -284,6 +288,17 @@ def apply_deadline(step: Step, policy: EnvelopePolicy) -> None:
             "AmbiguityDeadlineRelease",
             message="outcome unknown at the deadline: released by policy Release",
         )
+
+
+def force_settle(step: Step, why: str) -> None:
+    """A person's recorded decision for a claim whose facts will never arrive: a committed
+    claim is charged its last accepted usage, an uncommitted one is released."""
+    entry = step.entry
+    if entry.phase.committed:
+        settle(step, ClaimPhase.CONSUMED, "ForceSettled", entry.usage, message=why)
+    else:
+        settle(step, ClaimPhase.RELEASED, "ForceSettled", message=why)
+    step.note("ForceSettled", f"settled by annotation: {why}", warning=True)
 
 
 def renew_lease(step: Step, policy: EnvelopePolicy) -> None:

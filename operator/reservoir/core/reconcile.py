@@ -39,6 +39,7 @@ from reservoir.core.policy import (
     Admission,
     QueueKey,
     admission,
+    ambiguity_deadline,
     first_expiry,
     queue_expired,
     request_problem,
@@ -66,6 +67,7 @@ class Reconciliation:
     now: datetime
     events: list[LedgerEvent] = field(default_factory=list)
     pending: dict[str, Admission] = field(default_factory=dict)  # claim uid -> why waiting
+    wake_at: datetime | None = None  # when to reconcile again even without new facts
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.status.entries.get(uid)
@@ -76,7 +78,10 @@ def reconcile(
     status: ReservationEnvelopeStatus,
     claims: Sequence[ClaimFacts],
     now: datetime,
+    untouched: frozenset[str] = frozenset(),
 ) -> Reconciliation:
+    """`untouched` names claims whose facts cannot be read right now (say, a spec the
+    operator cannot parse): their entries are left exactly as they are."""
     result = Reconciliation(status=status.model_copy(deep=True), now=now)
     ledger = result.status
     policy = envelope.spec.policy
@@ -86,6 +91,8 @@ def reconcile(
     # 1. Advance every admitted claim by its facts; claims gone without settling are
     #    treated as deleted (a claim's finalizer normally prevents that).
     for uid, entry in list(ledger.entries.items()):
+        if uid in untouched:
+            continue
         facts = facts_by_uid.get(uid)
         if facts is None:
             if entry.phase.terminal:
@@ -107,12 +114,34 @@ def reconcile(
 
     # 3. Forget settled entries whose claims are gone.
     for uid in [u for u, e in ledger.entries.items() if e.phase.terminal]:
-        if uid not in facts_by_uid:
+        if uid not in facts_by_uid and uid not in untouched:
             del ledger.entries[uid]
 
     ledger.totals = compute_totals(envelope.spec.capacity, committed, ledger.entries.values())
     _envelope_lifecycle(result, envelope, now)
+    result.wake_at = next_deadline(result, envelope, waiting)
     return result
+
+
+def next_deadline(
+    result: Reconciliation, envelope: EnvelopeFacts, waiting: Sequence[ClaimFacts]
+) -> datetime | None:
+    """The next moment the ledger changes with no new facts: a lease end, an ambiguity
+    deadline, a queue-age limit or the envelope's own lifetime."""
+    policy = envelope.spec.policy
+    moments: list[datetime] = []
+    for entry in result.status.entries.values():
+        if entry.phase.holds_capacity and entry.phase is not ClaimPhase.DETACHED:
+            moments += [entry.expires_at] if entry.expires_at else []
+        deadline = ambiguity_deadline(entry, policy)
+        if entry.phase is ClaimPhase.DETACHED and deadline and entry.deadline_action is None:
+            moments.append(deadline)
+    for facts in waiting:
+        if facts.uid in result.pending:
+            moments.append(facts.created_at + timedelta(seconds=policy.max_queue_seconds))
+    if envelope.spec.lifetime_seconds is not None and result.status.closed_at is None:
+        moments.append(envelope.created_at + timedelta(seconds=envelope.spec.lifetime_seconds))
+    return min(moments, default=None)
 
 
 def _effective(facts: ClaimFacts, envelope: EnvelopeFacts) -> ClaimFacts:

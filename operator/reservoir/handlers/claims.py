@@ -1,0 +1,80 @@
+"""BranchClaim: every change wakes its envelope's writer; deletion waits for settlement."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from lightkube import ApiError
+from lightkube.types import PatchType
+
+from reservoir import metrics
+from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
+from reservoir.services import Services
+
+CLAIMS = (API_GROUP, API_VERSION, "branchclaims")
+
+
+@kopf.on.event(*CLAIMS)
+async def wake_the_envelope(
+    spec: kopf.Spec, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    """Any change to a claim is a fact for its envelope's ledger."""
+    envelope = spec.get("envelope")
+    if envelope and namespace:
+        services: Services = memo.services
+        services.writer.poke(namespace, envelope)
+
+
+@kopf.on.create(*CLAIMS)
+async def belong_to_the_envelope(
+    spec: kopf.Spec, name: str, namespace: str | None, meta: kopf.Meta, memo: kopf.Memo, **_: Any
+) -> None:
+    """Owned by its envelope, so deleting the envelope collects its (settled) claims."""
+    services: Services = memo.services
+    if meta.get("ownerReferences") or namespace is None:
+        return
+    try:
+        envelope = await services.client.get(
+            ReservationEnvelope, spec["envelope"], namespace=namespace
+        )
+    except ApiError as error:
+        if error.status.code == 404:
+            return  # no envelope (yet): the claim waits Pending and stays unowned
+        raise
+    owner = {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": "ReservationEnvelope",
+        "name": spec["envelope"],
+        "uid": envelope["metadata"]["uid"],
+    }
+    await services.client.patch(
+        BranchClaim,
+        name,
+        {"metadata": {"ownerReferences": [owner]}},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+
+
+@kopf.on.delete(*CLAIMS, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
+async def settle_before_removal(
+    spec: kopf.Spec, uid: str, namespace: str | None, memo: kopf.Memo, **_: Any
+) -> None:
+    """A claim is removed only once its settlement is recorded in the envelope's ledger:
+    at once before the commit point, after the final report (or deadline) after it."""
+    assert namespace is not None
+    services: Services = memo.services
+    result = await services.writer.reconcile_once(namespace, spec.get("envelope", ""))
+    if result is None:
+        return  # no envelope: this claim never held anything
+    entry = result.entry(uid)
+    if entry is None or entry.phase.terminal:
+        return
+    metrics.finalizer_waits.labels(namespace, "BranchClaim").inc()
+    raise kopf.TemporaryError(
+        f"waiting for settlement: the claim is {entry.phase.value}; report final usage, "
+        "or wait for the ambiguity deadline, or annotate reservoir.dev/force-settle",
+        delay=2,
+    )

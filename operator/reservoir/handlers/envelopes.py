@@ -1,0 +1,58 @@
+"""ReservationEnvelope: one serialized ledger writer per envelope, and settle-before-delete."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from reservoir import metrics
+from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.k8s.clock import utcnow
+from reservoir.services import Services
+
+ENVELOPES = (API_GROUP, API_VERSION, "reservationenvelopes")
+IDLE_WAKEUP_SECONDS = 30.0
+
+
+@kopf.daemon(*ENVELOPES, cancellation_timeout=5.0)
+async def keep_the_ledger(
+    namespace: str | None,
+    name: str,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    """The envelope's status is the ledger: converge it whenever a claim moves, and at the
+    next lease end or deadline even when none does."""
+    assert namespace is not None  # the kind is namespaced
+    services: Services = memo.services
+    trigger = services.writer.trigger(namespace, name)
+    while not stopped:
+        wake_in = IDLE_WAKEUP_SECONDS
+        try:
+            result = await services.writer.reconcile_once(namespace, name)
+            if result is not None and result.wake_at is not None:
+                wake_in = (result.wake_at - utcnow()).total_seconds() + 0.05
+        except Exception:  # never let one bad reconcile stop the envelope's writer
+            logger.exception("reconciling the ledger failed; retrying")
+            wake_in = 2.0
+        await trigger.wait(min(max(wake_in, 0.05), IDLE_WAKEUP_SECONDS))
+
+
+@kopf.on.delete(*ENVELOPES, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
+async def settle_children_before_removal(
+    namespace: str | None, name: str, memo: kopf.Memo, **_: Any
+) -> None:
+    """Deleting an envelope cancels its children first; it goes only once all settled."""
+    assert namespace is not None
+    services: Services = memo.services
+    result = await services.writer.reconcile_once(namespace, name)
+    if result is None:
+        return
+    live = [e.claim for e in result.status.entries.values() if not e.phase.terminal]
+    if live:
+        metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
+        raise kopf.TemporaryError(f"waiting for {len(live)} claims to settle: {live[:5]}", delay=2)

@@ -1,0 +1,31 @@
+"""Operator start-up: settings and services."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import kopf
+from prometheus_client import start_http_server
+
+from reservoir.k8s.resources import FINALIZER
+from reservoir.services import Services
+
+
+@kopf.on.startup()
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # Our status fields belong to the ledger: kopf keeps its own bookkeeping in annotations.
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reservoir.dev")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix="reservoir.dev", key="last-handled-configuration"
+    )
+    # Transitions post their own Events; of the handlers' log lines only warnings and
+    # errors (a deletion waiting for settlement, say) become Events too.
+    settings.posting.level = logging.WARNING
+    settings.watching.server_timeout = 300
+    memo.services = Services.build()
+    port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
+    if port:
+        start_http_server(port)

@@ -1,0 +1,18 @@
+"""Reservoir's resources as lightkube types, and the names the operator puts on objects."""
+
+from __future__ import annotations
+
+from lightkube.generic_resource import create_namespaced_resource
+
+from reservoir.core.model import API_GROUP, API_VERSION
+
+ReservationEnvelope = create_namespaced_resource(
+    API_GROUP, API_VERSION, "ReservationEnvelope", "reservationenvelopes"
+)
+BranchClaim = create_namespaced_resource(API_GROUP, API_VERSION, "BranchClaim", "branchclaims")
+
+ENVELOPE_LABEL = f"{API_GROUP}/envelope"
+CLAIM_LABEL = f"{API_GROUP}/claim"
+FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
+FINALIZER = f"{API_GROUP}/settlement"
+FIELD_MANAGER = "reservoir-operator"

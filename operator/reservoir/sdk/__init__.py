@@ -1,0 +1,21 @@
+"""The Reservoir SDK: hold, dispatch, renew, report usage, finish, cancel, wait, ledger."""
+
+from reservoir.sdk.client import AsyncReservoir, Reservoir
+from reservoir.sdk.errors import (
+    ClaimNotFoundError,
+    LeaseUncertainError,
+    ReservoirError,
+    StaleClaimError,
+)
+from reservoir.sdk.views import ClaimView, EnvelopeView
+
+__all__ = [
+    "AsyncReservoir",
+    "ClaimNotFoundError",
+    "ClaimView",
+    "EnvelopeView",
+    "LeaseUncertainError",
+    "Reservoir",
+    "ReservoirError",
+    "StaleClaimError",
+]

@@ -1,0 +1,29 @@
+"""The operator's services, built once at start-up and shared by every handler."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import kopf
+from lightkube import AsyncClient
+
+from reservoir.k8s.ledger_writer import LedgerWriter
+from reservoir.k8s.resources import FIELD_MANAGER
+
+
+def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+    """Kubernetes Events through kopf's poster (batched, non-blocking)."""
+    kopf.event(dict(obj), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
+
+
+@dataclass
+class Services:
+    client: AsyncClient
+    writer: LedgerWriter
+
+    @classmethod
+    def build(cls) -> Services:
+        client = AsyncClient(field_manager=FIELD_MANAGER)
+        return cls(client=client, writer=LedgerWriter(client, post_event))
