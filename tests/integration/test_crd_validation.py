@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +21,6 @@ API = "reservoir.dev/v1alpha1"
 
 class RejectedError(AssertionError):
     pass
-
-
-@pytest.fixture(scope="module")
-def crds(cluster: ClusterHandle) -> None:
-    cluster.kubectl("apply", "-f", str(REPO / "crds"))
-    for name in ("reservationenvelopes", "branchclaims"):
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{name}.reservoir.dev", "--timeout=60s"
-        )
-
-
-@pytest.fixture
-def ns(cluster: ClusterHandle, crds: None) -> Iterator[str]:
-    name = f"crd-{uuid.uuid4().hex[:8]}"
-    cluster.kubectl("create", "namespace", name)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 
 def envelope(name: str = "wf", **spec: Any) -> dict[str, Any]:

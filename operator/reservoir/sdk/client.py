@@ -166,6 +166,8 @@ class AsyncReservoir:
         is unsure of its lease must not start irreversible work."""
 
         def may_dispatch(view: ClaimView) -> str | None:
+            if view.spec.intent == "Cancel":
+                return "the branch was cancelled"
             if view.phase not in (ClaimPhase.PENDING, ClaimPhase.TENTATIVE):
                 return _not_settled(view) or (
                     None if view.spec.intent == "Dispatch" else f"claim is {view.phase.value}"

@@ -1,0 +1,120 @@
+"""Integration fixtures: the CRDs, a fresh namespace per test, and real operator processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from reservoir.sdk import Reservoir
+from tests.clusters import ClusterHandle
+
+REPO = Path(__file__).resolve().parents[2]
+OPERATOR = REPO / ".venv" / "bin" / "reservoir-operator"
+
+
+@pytest.fixture(scope="session")
+def crds(cluster: ClusterHandle) -> None:
+    cluster.kubectl("apply", "-f", str(REPO / "crds"))
+    for name in ("reservationenvelopes", "branchclaims"):
+        cluster.kubectl(
+            "wait", "--for=condition=Established", f"crd/{name}.reservoir.dev", "--timeout=60s"
+        )
+
+
+@pytest.fixture
+def ns(cluster: ClusterHandle, crds: None) -> Iterator[str]:
+    name = f"it-{uuid.uuid4().hex[:8]}"
+    cluster.kubectl("create", "namespace", name)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+class OperatorProcess:
+    """One `reservoir-operator` process, as a user would run it."""
+
+    def __init__(self, cluster: ClusterHandle, namespace: str, log: Path, *extra: str) -> None:
+        self.port = _free_port()
+        self.log = log
+        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
+        with log.open("ab") as out:
+            self.process = subprocess.Popen(
+                [str(OPERATOR), "-n", namespace, "--metrics-port", "0",
+                 "--liveness", f"http://127.0.0.1:{self.port}/healthz", *extra],
+                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            )  # fmt: skip
+        self.wait_ready()
+
+    def wait_ready(self, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"operator exited; see {self.log}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/healthz", timeout=1):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"operator not ready after {timeout}s; see {self.log}")
+
+    def kill(self) -> None:
+        """kill -9: no clean-up, no last writes."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+StartOperator = Callable[..., OperatorProcess]
+
+
+@pytest.fixture
+def start_operator(
+    cluster: ClusterHandle, ns: str, request: pytest.FixtureRequest
+) -> Iterator[StartOperator]:
+    started: list[OperatorProcess] = []
+    logs = REPO / ".cluster" / "test-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+
+    def start(*extra: str) -> OperatorProcess:
+        log = logs / f"{request.node.name[:60]}-{len(started)}.log"
+        operator = OperatorProcess(cluster, ns, log, *extra)
+        started.append(operator)
+        return operator
+
+    yield start
+    for operator in started:
+        operator.stop()
+
+
+@pytest.fixture
+def operator(start_operator: StartOperator) -> OperatorProcess:
+    return start_operator()
+
+
+@pytest.fixture
+def sdk(cluster: ClusterHandle, ns: str) -> Iterator[Reservoir]:
+    with Reservoir(namespace=ns, kubeconfig=str(cluster.kubeconfig_path)) as client:
+        yield client

@@ -1,0 +1,82 @@
+"""Small helpers for the operator's integration tests."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from reservoir.sdk import ClaimView, EnvelopeView, Reservoir
+from tests.clusters import ClusterHandle
+
+T = TypeVar("T")
+
+
+def eventually(what: str, check: Callable[[], T], timeout: float = 30, every: float = 0.2) -> T:
+    """Poll until `check()` is truthy (the API is eventually consistent); fail with `what`."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+def create_envelope(
+    cluster: ClusterHandle, ns: str, name: str, capacity: dict[str, str], **policy: Any
+) -> None:
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "ReservationEnvelope",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"capacity": capacity, "policy": policy},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def totals(sdk: Reservoir, envelope: str) -> dict[str, str]:
+    """{'committed': '37', ...} for the envelope's single resource `tokens`."""
+    t = sdk.ledger(envelope).status.totals
+    return {
+        part: str(getattr(t, part).get("tokens", Decimal(0)))
+        for part in ("capacity", "committed", "reserved", "reconciling", "available")
+    }
+
+
+def settled_ledger(sdk: Reservoir, envelope: str, **expected: str) -> EnvelopeView:
+    eventually(
+        f"ledger of {envelope} to reach {expected}",
+        lambda: (
+            all(totals(sdk, envelope)[k] == v for k, v in expected.items())
+            and totals(sdk, envelope)
+        ),
+    )
+    return sdk.ledger(envelope)
+
+
+def phase_of(sdk: Reservoir, claim: ClaimView | str) -> str:
+    return sdk.get(claim).phase.value
+
+
+def wait_phase(sdk: Reservoir, claim: ClaimView | str, phase: str, within: float = 30) -> ClaimView:
+    return sdk.wait(claim, phase=phase, within=within)
+
+
+def events_of(cluster: ClusterHandle, ns: str, name: str) -> list[str]:
+    listing = json.loads(
+        cluster.kubectl(
+            "get",
+            "events",
+            "-n",
+            ns,
+            "--field-selector",
+            f"involvedObject.name={name}",
+            "-o",
+            "json",
+        )
+    )
+    return [e["reason"] for e in listing["items"]]
