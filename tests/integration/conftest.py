@@ -46,10 +46,21 @@ class OperatorProcess:
         env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
         with log.open("ab") as out:
             self.process = subprocess.Popen(
-                [str(OPERATOR), "-n", namespace, "--metrics-port", "0",
-                 "--liveness", f"http://127.0.0.1:{self.port}/healthz", *extra],
-                stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-            )  # fmt: skip
+                [
+                    str(OPERATOR),
+                    "-n",
+                    namespace,
+                    "--metrics-port",
+                    "0",
+                    "--liveness",
+                    f"http://127.0.0.1:{self.port}/healthz",
+                    *extra,
+                ],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
         self.wait_ready()
 
     def wait_ready(self, timeout: float = 30) -> None:

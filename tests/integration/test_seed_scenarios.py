@@ -53,9 +53,13 @@ def test_parallel_settlement_worked_example_ends_at_37_committed_63_available(
     """child-settlement.txt: parent 100, four children of 20; A 20, B 12, C skipped, D times
     out after activation and reports 5 late."""
     create_envelope(
-        cluster, ns, "parent", {"tokens": "100"}, defaultLeaseSeconds=120,
+        cluster,
+        ns,
+        "parent",
+        {"tokens": "100"},
+        defaultLeaseSeconds=120,
         atAmbiguityDeadline="Hold",
-    )  # fmt: skip
+    )
     a = sdk.hold("parent", "A", {"tokens": "20"}, name="a")
     b = sdk.hold("parent", "B", {"tokens": "20"}, name="b")
     c = sdk.hold("parent", "C", {"tokens": "20"}, name="c")
@@ -89,9 +93,14 @@ def test_long_queued_job_renewals_extend_but_never_reset_age_or_queue_position(
 ) -> None:
     """lease-renewal.txt: finite renewable leases, bounded by lifetime."""
     create_envelope(
-        cluster, ns, "queue", {"tokens": "100"},
-        defaultLeaseSeconds=4, maxClaimLifetimeSeconds=10, maxQueueSeconds=300,
-    )  # fmt: skip
+        cluster,
+        ns,
+        "queue",
+        {"tokens": "100"},
+        defaultLeaseSeconds=4,
+        maxClaimLifetimeSeconds=10,
+        maxQueueSeconds=300,
+    )
     job = wait_phase(sdk, sdk.hold("queue", "job", {"tokens": "70"}, name="job"), "Tentative")
     assert job.status.lease is not None
     first_reserved = job.status.lease.first_reserved_at
@@ -143,11 +152,22 @@ def test_client_disconnect_detaches_then_a_final_report_settles_it(
 ) -> None:
     """client-disconnect.txt: a disconnect is not a cancel."""
     create_envelope(
-        cluster, ns, "chat", {"tokens": "100"}, defaultLeaseSeconds=3,
-        ambiguityDeadlineSeconds=300, atAmbiguityDeadline="Release",
-    )  # fmt: skip
-    claim = sdk.hold("chat", "reply", {"tokens": "50"}, name="reply", dispatch=True,
-                     upstream={"operationId": "op-42", "supportsStatus": True})  # fmt: skip
+        cluster,
+        ns,
+        "chat",
+        {"tokens": "100"},
+        defaultLeaseSeconds=3,
+        ambiguityDeadlineSeconds=300,
+        atAmbiguityDeadline="Release",
+    )
+    claim = sdk.hold(
+        "chat",
+        "reply",
+        {"tokens": "50"},
+        name="reply",
+        dispatch=True,
+        upstream={"operationId": "op-42", "supportsStatus": True},
+    )
     wait_phase(sdk, claim, "Committed")
     # The client goes away: no more renewals. Capacity is held, never made available.
     view = wait_phase(sdk, claim, "Detached", within=20)
@@ -183,9 +203,14 @@ def test_at_the_ambiguity_deadline_the_policy_is_applied_and_recorded(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
     create_envelope(
-        cluster, ns, "deadline", {"tokens": "100"}, defaultLeaseSeconds=2,
-        ambiguityDeadlineSeconds=3, atAmbiguityDeadline="Quarantine",
-    )  # fmt: skip
+        cluster,
+        ns,
+        "deadline",
+        {"tokens": "100"},
+        defaultLeaseSeconds=2,
+        ambiguityDeadlineSeconds=3,
+        atAmbiguityDeadline="Quarantine",
+    )
     claim = sdk.hold("deadline", "lost", {"tokens": "25"}, name="lost", dispatch=True)
     wait_phase(sdk, claim, "Detached", within=20)
     view = wait_phase(sdk, claim, "Consumed", within=20)
@@ -197,8 +222,14 @@ def test_at_the_ambiguity_deadline_the_policy_is_applied_and_recorded(
     # The SDK refuses to report on a settled claim (StaleClaimError); a worker that writes
     # anyway, here with kubectl, is recorded as late and reopens nothing.
     cluster.kubectl(
-        "patch", "bclaim", "lost", "-n", ns, "--type=merge",
-        "-p", '{"spec": {"usage": {"tokens": "5"}, "final": true, "outcome": "Succeeded"}}',
-    )  # fmt: skip
+        "patch",
+        "bclaim",
+        "lost",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        '{"spec": {"usage": {"tokens": "5"}, "final": true, "outcome": "Succeeded"}}',
+    )
     eventually("the late report", lambda: sdk.get(claim).condition("LateReport"))
     settled_ledger(sdk, "deadline", committed="25", available="75")
