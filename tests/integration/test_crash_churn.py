@@ -1,0 +1,153 @@
+"""Crash and concurrency: a churn of a few hundred claims while the operator is killed with
+SIGKILL at random moments (and, separately, while two operators run at once with peering
+off). At the end every claim is settled exactly once and the invariant holds exactly."""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+
+from reservoir.core.model import TERMINAL_PHASES
+from reservoir.sdk import LeaseUncertainError, Reservoir, StaleClaimError
+from tests.clusters import ClusterHandle
+from tests.integration.conftest import OperatorProcess, StartOperator
+from tests.integration.helpers import create_envelope, eventually
+
+CLAIMS = 200
+WORKERS = 4
+SETTLE_REASONS = {
+    "Completed", "SettledAfterDetach", "Cancelled", "Deleted", "LeaseExpired",
+    "FinishedBeforeCommit", "AmbiguityDeadlineRelease", "AmbiguityDeadlineQuarantine",
+    "CancelledWhilePending", "DeletedWhilePending", "ForceSettled",
+}  # fmt: skip
+
+
+def run_branch(sdk: Reservoir, index: int, rng: random.Random, declared: dict[str, str]) -> None:
+    """One branch of a workflow, chosen at random: pruned, completed, lazily dispatched,
+    abandoned before dispatch, or disconnected after it."""
+    name = f"c{index:03d}"
+    reserved = rng.randint(1, 100)
+    kind = rng.choice(["prune", "complete", "lazy", "abandon", "disconnect"])
+    try:
+        claim = sdk.hold(
+            "churn", f"b{index}", {"tokens": str(reserved)}, name=name,
+            dispatch=kind in ("lazy", "disconnect"),
+        )  # fmt: skip
+        if kind == "abandon":
+            return
+        if kind == "prune":
+            sdk.cancel(sdk.wait(claim, phase="Tentative", within=120))
+            return
+        claim = sdk.wait(claim, condition="Reserved", within=120)
+        if kind == "complete":
+            claim = sdk.dispatch(claim)
+            claim = sdk.report_usage(claim, {"tokens": str(rng.randint(0, reserved))})
+        if kind == "disconnect":
+            return
+        final = rng.randint(int(claim.spec.usage.get("tokens", 0)), reserved)
+        declared[name] = str(final)
+        sdk.finish(sdk.get(claim), {"tokens": str(final)})
+    except (StaleClaimError, LeaseUncertainError, TimeoutError):
+        pass  # the operator was down too long for this branch: its lease decides
+
+
+def churn(cluster: ClusterHandle, ns: str, chaos: Callable[[threading.Event], None]) -> None:
+    create_envelope(
+        cluster, ns, "churn", {"tokens": "1000000"}, defaultLeaseSeconds=10,
+        maxActiveClaims=256, ambiguityDeadlineSeconds=10, atAmbiguityDeadline="Release",
+    )  # fmt: skip
+    declared: dict[str, str] = {}
+    done = threading.Event()
+    chaos_thread = threading.Thread(target=chaos, args=(done,), daemon=True)
+    chaos_thread.start()
+
+    def worker(slot: int) -> None:
+        rng = random.Random(slot)
+        with Reservoir(namespace=ns, kubeconfig=str(cluster.kubeconfig_path)) as sdk:
+            for index in range(slot, CLAIMS, WORKERS):
+                run_branch(sdk, index, rng, declared)
+
+    with ThreadPoolExecutor(WORKERS) as pool:
+        list(pool.map(worker, range(WORKERS)))
+    done.set()
+    chaos_thread.join()
+    verify(cluster, ns, declared)
+
+
+def claims_of(cluster: ClusterHandle, ns: str) -> list[dict[str, object]]:
+    items: list[dict[str, object]] = json.loads(
+        cluster.kubectl("get", "bclaim", "-n", ns, "-o", "json")
+    )["items"]
+    return items
+
+
+def verify(cluster: ClusterHandle, ns: str, declared: dict[str, str]) -> None:
+    def all_settled() -> bool:
+        phases = [c.get("status", {}).get("phase") for c in claims_of(cluster, ns)]  # type: ignore[union-attr]
+        return len(phases) == CLAIMS and all(p in TERMINAL_PHASES for p in phases)
+
+    eventually("every claim to settle", all_settled, timeout=180, every=1)
+    envelope = json.loads(cluster.kubectl("get", "renv", "churn", "-n", ns, "-o", "json"))
+    status = envelope["status"]
+    totals = {k: Decimal(v["tokens"]) for k, v in status["totals"].items()}
+    entries = status["entries"]
+    assert len(entries) == CLAIMS
+
+    # The invariant, exactly, and nothing left held.
+    assert totals["reserved"] == 0 and totals["reconciling"] == 0
+    assert totals["committed"] + totals["available"] == totals["capacity"]
+    # Each claim settled once: the committed total is exactly the sum of the settlements,
+    # and every settlement returned exactly R - C.
+    consumed = [Decimal(e.get("consumed", {}).get("tokens", "0")) for e in entries.values()]
+    assert totals["committed"] == sum(consumed)
+    for entry in entries.values():
+        r = Decimal(entry["reserved"].get("tokens", "0"))
+        c = Decimal(entry.get("consumed", {}).get("tokens", "0"))
+        assert c + Decimal(entry.get("released", {}).get("tokens", "0")) == r
+        reason = entry["settlement"]["reason"]
+        if reason in ("Completed", "SettledAfterDetach"):
+            assert str(c) == declared[entry["claim"]], entry  # exactly the final report
+        else:
+            assert c == 0, entry  # nothing charged without a final report (policy Release)
+    # No claim's settlement was announced twice.
+    events = json.loads(cluster.kubectl("get", "events", "-n", ns, "-o", "json"))["items"]
+    announced: dict[str, int] = {}
+    for event in events:
+        if event["reason"] in SETTLE_REASONS and event["involvedObject"]["kind"] == "BranchClaim":
+            name = event["involvedObject"]["name"]
+            announced[name] = announced.get(name, 0) + event.get("count", 1)
+    twice = {n: k for n, k in announced.items() if k > 1}
+    assert not twice, f"settled more than once: {twice}"
+
+
+def test_kill_9_the_operator_at_random_moments_during_churn(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator
+) -> None:
+    current: list[OperatorProcess] = [start_operator()]
+    rng = random.Random(7)
+
+    def kill_and_restart(done: threading.Event) -> None:
+        while not done.is_set():
+            time.sleep(rng.uniform(0.5, 3.0))
+            current[-1].kill()
+            current.append(start_operator())
+
+    churn(cluster, ns, kill_and_restart)
+    assert len(current) > 3, "the operator was killed several times"
+
+
+def test_two_operators_without_peering_never_settle_twice(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator
+) -> None:
+    start_operator()
+    start_operator()
+
+    def nothing(done: threading.Event) -> None:
+        done.wait()
+
+    churn(cluster, ns, nothing)
