@@ -32,8 +32,8 @@ cluster-down:
 	$(PYTHON) hack/localcluster.py down --dir $(CLUSTER_DIR)
 
 lint: venv
-	$(BIN)/ruff check operator tests hack bench
-	$(BIN)/ruff format --check operator tests hack bench
+	$(BIN)/ruff check operator tests hack bench examples
+	$(BIN)/ruff format --check operator tests hack bench examples
 	$(BIN)/mypy
 
 crds: venv

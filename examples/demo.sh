@@ -1,9 +1,39 @@
 #!/usr/bin/env bash
-# `make demo`: the local cluster's simulated GPU nodes (grows with the operator).
+# `make demo`: local cluster (already up), CRDs, the operator, the example branching
+# workflow, and the envelope's ledger.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export KUBECONFIG="${RESERVOIR_CLUSTER_DIR:-$PWD/.cluster}/kubeconfig"
-kubectl="$HOME/.cache/reservoir/bin/current/kubectl"
-"$kubectl" apply -f crds/ >/dev/null
+export PATH="$PWD/.venv/bin:$HOME/.cache/reservoir/bin/current:$PATH"
+namespace=reservoir-demo
+logs="${RESERVOIR_CLUSTER_DIR:-$PWD/.cluster}/logs"
+mkdir -p "$logs"
+
 echo "== GPU nodes"
-"$kubectl" get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count
+kubectl get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count
+echo
+echo "== CRDs"
+kubectl apply -f crds/
+kubectl wait --for=condition=Established crd/reservationenvelopes.reservoir.dev \
+  crd/branchclaims.reservoir.dev --timeout=60s >/dev/null
+
+echo
+echo "== operator (logs: $logs/operator.log)"
+reservoir-operator --all-namespaces --metrics-port 0 >"$logs/operator.log" 2>&1 &
+operator=$!
+trap 'kill $operator 2>/dev/null; wait $operator 2>/dev/null || true' EXIT
+
+# A fresh namespace each run (the running operator settles the old one's claims first).
+kubectl delete namespace "$namespace" --ignore-not-found --timeout=120s >/dev/null
+kubectl create namespace "$namespace" >/dev/null
+
+echo
+echo "== the example workflow (examples/agent_workflow.py)"
+python examples/agent_workflow.py --namespace "$namespace"
+
+echo
+echo "== kubectl get reservoir -n $namespace"
+kubectl get reservoir -n "$namespace"
+echo
+echo "== kubectl reservoir ledger research-agent -n $namespace"
+kubectl reservoir -n "$namespace" ledger research-agent
