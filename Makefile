@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .cluster
 export RESERVOIR_CLUSTER_DIR := $(abspath $(CLUSTER_DIR))
 
-.PHONY: help venv tools cluster-up cluster-down lint test test-unit test-integration crds demo bench clean
+.PHONY: help venv tools cluster-up cluster-down lint test test-unit test-integration crds demo clean
 
 help:
 	@echo "make demo          local cluster + operator + example branching workflow + ledger"
@@ -32,8 +32,8 @@ cluster-down:
 	$(PYTHON) hack/localcluster.py down --dir $(CLUSTER_DIR)
 
 lint: venv
-	$(BIN)/ruff check operator tests hack bench examples
-	$(BIN)/ruff format --check operator tests hack bench examples
+	$(BIN)/ruff check operator tests hack examples
+	$(BIN)/ruff format --check operator tests hack examples
 	$(BIN)/mypy
 
 crds: venv
@@ -51,9 +51,6 @@ test-integration: venv tools
 
 demo: venv cluster-up
 	bash examples/demo.sh
-
-bench: venv tools
-	$(BIN)/python bench/run.py
 
 clean: cluster-down
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
