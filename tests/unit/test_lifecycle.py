@@ -449,3 +449,13 @@ def test_the_next_deadline_is_the_earliest_lease_end() -> None:
     sim = Sim(default_lease_seconds=30).create("a").tick(10).create("b").reconcile()
     assert sim.last is not None
     assert sim.last.wake_at == sim.entry("a").expires_at
+
+
+def test_usage_from_a_claim_never_admitted_is_kept_as_an_overrun_not_charged() -> None:
+    sim = Sim().create("hog", {"tokens": "100"}).reconcile().create("a")
+    sim.usage("a", "12", final=True).reconcile()
+    assert sim.phase("a") is P.RELEASED
+    overrun = sim.entry("a").overrun
+    assert overrun is not None and overrun.usage == {"tokens": 12}
+    assert sim.total("committed") == "0"
+    assert "Overrun" in sim.reasons("a")

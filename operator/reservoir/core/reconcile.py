@@ -32,6 +32,7 @@ from reservoir.core.model import (
     Fallback,
     Intent,
     LedgerEntry,
+    Overrun,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
@@ -215,6 +216,18 @@ def _admit_one(
         _close_unadmitted(
             result, facts, ClaimPhase.RELEASED, "FinishedBeforeAdmission", "finished unadmitted"
         )
+        if any(spec.usage.values()):
+            # Work that ran without ever holding a reservation: the envelope is not
+            # overdrawn for it, and the report is kept as an overrun for people to see.
+            entry = result.status.entries[facts.uid]
+            entry.overrun = Overrun(usage=dict(spec.usage), final=True, at=now)
+            result.events.append(
+                LedgerEvent(
+                    facts.uid, facts.name, "Overrun",
+                    "usage reported by a claim that never held a reservation: kept in "
+                    "status.overrun, not charged to the envelope", True,
+                )
+            )  # fmt: skip
         return blocked_by
     if queue_expired(facts.created_at, now, policy):
         _close_unadmitted(
