@@ -111,8 +111,12 @@ def test_deleting_claims_never_loses_or_double_returns_capacity(
     eventually("the tentative claim to go", lambda: not exists(cluster, ns, "bclaim", "t"))
     settled_ledger(sdk, "wf", reserved="30", available="70")
     # The committed claim waits for its facts: still there, capacity still held.
-    deleting = sdk.get(running)
-    assert deleting.condition("CancelRequested") or deleting.phase in ("Committed", "Running")
+    deleting = eventually(
+        "DeletionBlocked",
+        lambda: sdk.get(running).condition("DeletionBlocked") and sdk.get(running),
+    )
+    assert deleting.condition("CancelRequested")
+    assert deleting.phase in ("Committed", "Running")
     assert exists(cluster, ns, "bclaim", "r")
 
     sdk.finish(sdk.get(running), {"tokens": "9"})

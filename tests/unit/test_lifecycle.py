@@ -459,3 +459,10 @@ def test_usage_from_a_claim_never_admitted_is_kept_as_an_overrun_not_charged() -
     assert overrun is not None and overrun.usage == {"tokens": 12}
     assert sim.total("committed") == "0"
     assert "Overrun" in sim.reasons("a")
+
+
+def test_claims_created_in_the_same_second_queue_by_name() -> None:
+    sim = Sim().create("hog", {"tokens": "100"}).reconcile()
+    sim.tick().create("b-second", {"tokens": "60"}).create("a-first", {"tokens": "60"})
+    sim.reconcile().cancel("hog").reconcile()
+    assert (sim.phase("a-first"), sim.phase("b-second")) == (P.TENTATIVE, P.PENDING)

@@ -23,6 +23,7 @@ def claim_status(
     generation: int | None,
     now: datetime,
     placement: PlacementStatus | None = None,
+    deleting: bool = False,
 ) -> BranchClaimStatus:
     previous = previous or BranchClaimStatus()
     if entry is None:
@@ -50,7 +51,9 @@ def claim_status(
         settlement=entry.settlement,
         late=entry.late if entry.late and entry.late.count else None,
         overrun=entry.overrun,
-        conditions=merge_conditions(previous.conditions, _conditions(entry), now, generation),
+        conditions=merge_conditions(
+            previous.conditions, _conditions(entry, deleting), now, generation
+        ),
         observed_generation=generation,
     )
 
@@ -66,7 +69,7 @@ def _lease(entry: LedgerEntry) -> LeaseStatus | None:
     )
 
 
-def _conditions(entry: LedgerEntry) -> list[Desired]:
+def _conditions(entry: LedgerEntry, deleting: bool) -> list[Desired]:
     phase, settlement = entry.phase, entry.settlement
     wanted = [
         Desired("Reserved", phase.holds_capacity, phase.value),
@@ -104,4 +107,14 @@ def _conditions(entry: LedgerEntry) -> list[Desired]:
         wanted.append(Desired("LateReport", True, "ReportAfterSettlement"))
     if entry.dispatch_fenced:
         wanted.append(Desired("DispatchRefused", True, "ClaimAlreadySettled"))
+    if deleting and settlement is None:
+        wanted.append(
+            Desired(
+                "DeletionBlocked",
+                True,
+                "AwaitingSettlement",
+                "the claim is removed once it settles: report final usage, wait for the "
+                "ambiguity deadline, or annotate reservoir.dev/force-settle",
+            )
+        )
     return wanted

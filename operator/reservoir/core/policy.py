@@ -22,14 +22,16 @@ from reservoir.core.model import (
 @dataclass(frozen=True)
 class QueueKey:
     """Pending claims are admitted by priority (high first), then age (old first). The age
-    is the claim's creation time, set by the API server: renewals never improve it."""
+    is the claim's creation time, set by the API server (to the second), so renewals never
+    improve it; claims created in the same second queue by name."""
 
     priority: int
     created_at: datetime
+    name: str
     uid: str
 
-    def sort_key(self) -> tuple[int, datetime, str]:
-        return (-self.priority, self.created_at, self.uid)
+    def sort_key(self) -> tuple[int, datetime, str, str]:
+        return (-self.priority, self.created_at, self.name, self.uid)
 
 
 @dataclass(frozen=True)

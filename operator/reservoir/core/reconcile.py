@@ -108,7 +108,7 @@ def reconcile(
     waiting = [
         c for c in facts_by_uid.values() if c.uid not in ledger.entries and not c.settled_key
     ]
-    waiting.sort(key=lambda c: QueueKey(c.spec.priority, c.created_at, c.uid).sort_key())
+    waiting.sort(key=lambda c: QueueKey(c.spec.priority, c.created_at, c.name, c.uid).sort_key())
     blocked_by: str | None = None
     for facts in waiting:
         blocked_by = _admit_one(result, envelope, facts, committed, blocked_by, now)

@@ -9,11 +9,17 @@ from lightkube import ApiError
 from lightkube.types import PatchType
 
 from reservoir import metrics
-from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
 from reservoir.services import Services
 
 CLAIMS = (API_GROUP, API_VERSION, "branchclaims")
+
+
+def pending_without_envelope(envelope: str) -> BranchClaimStatus:
+    return BranchClaimStatus(
+        queue_reason=f"EnvelopeNotFound: no ReservationEnvelope {envelope!r} in this namespace"
+    )
 
 
 @kopf.on.event(*CLAIMS)
@@ -40,9 +46,18 @@ async def belong_to_the_envelope(
             ReservationEnvelope, spec["envelope"], namespace=namespace
         )
     except ApiError as error:
-        if error.status.code == 404:
-            return  # no envelope (yet): the claim waits Pending and stays unowned
-        raise
+        if error.status.code != 404:
+            raise
+        # No envelope (yet): say so on the claim. It waits, unowned; the envelope's writer
+        # takes it over if the envelope appears.
+        await services.client.patch(
+            BranchClaim.Status,
+            name,
+            {"status": pending_without_envelope(spec["envelope"]).to_api()},
+            namespace=namespace,
+            patch_type=PatchType.MERGE,
+        )
+        return
     owner = {
         "apiVersion": f"{API_GROUP}/{API_VERSION}",
         "kind": "ReservationEnvelope",

@@ -182,7 +182,10 @@ class LedgerWriter:
             pending = result.pending.get(uid)
             if entry is None and pending is None:
                 continue  # settled and pruned, or unreadable: leave its status alone
-            wanted = claim_status(entry, pending, previous, meta.get("generation"), now)
+            deleting = bool(meta.get("deletionTimestamp"))
+            wanted = claim_status(
+                entry, pending, previous, meta.get("generation"), now, deleting=deleting
+            )
             if previous is not None and wanted == previous:
                 continue
             body = BranchClaim.Status(
