@@ -466,3 +466,13 @@ def test_claims_created_in_the_same_second_queue_by_name() -> None:
     sim.tick().create("b-second", {"tokens": "60"}).create("a-first", {"tokens": "60"})
     sim.reconcile().cancel("hog").reconcile()
     assert (sim.phase("a-first"), sim.phase("b-second")) == (P.TENTATIVE, P.PENDING)
+
+
+def test_a_dispatch_first_seen_after_the_lease_lapsed_detaches_never_returns_capacity() -> None:
+    sim = Sim(default_lease_seconds=5).create("a").reconcile()
+    sim.dispatch("a").tick(5).reconcile()  # the operator sees both facts at once
+    assert sim.phase("a") is P.DETACHED
+    assert (sim.total("reconciling"), sim.available()) == ("20", "80")
+    before = sim.status.model_copy(deep=True)
+    sim.reconcile()
+    assert sim.status == before, "one pass reaches the fixed point"

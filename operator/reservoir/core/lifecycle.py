@@ -173,9 +173,11 @@ def advance(
     if facts.force_settle is not None:
         force_settle(step, facts.force_settle)
         return step.events
-    expire_lease(step)
     if entry.phase is ClaimPhase.TENTATIVE:
         advance_tentative(step, usage_accepted)
+    # After the commit-point check: a commit seen only after the lease lapsed may have
+    # happened before it, so the claim is Detached (held), never Expired (returned).
+    expire_lease(step)
     if entry.phase in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING, ClaimPhase.DETACHED):
         advance_committed(step, usage_accepted, policy)
     if not entry.phase.terminal:
