@@ -1,5 +1,5 @@
 """kopf registrations only: each handler translates an event into a call on a service."""
 
-from reservoir.handlers import claims, envelopes, leases, startup
+from reservoir.handlers import claims, envelopes, leases, pods, startup
 
-__all__ = ["claims", "envelopes", "leases", "startup"]
+__all__ = ["claims", "envelopes", "leases", "pods", "startup"]

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from reservoir.core.lifecycle import ClaimFacts
+from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
     BranchClaimStatus,
@@ -67,8 +67,20 @@ def heartbeat_token(lease: Mapping[str, Any] | None) -> str | None:
     return f"{renew}/{spec.get('holderIdentity', '')}/{spec.get('leaseTransitions', 0)}"[:128]
 
 
+def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
+    """What a claim's workload pods show: bound to a node, running. None if there are none."""
+    if not pods:
+        return None
+    return PodFacts(
+        scheduled=any((p.get("spec") or {}).get("nodeName") for p in pods),
+        running=any((p.get("status") or {}).get("phase") == "Running" for p in pods),
+    )
+
+
 def claim_facts(
-    claim: Mapping[str, Any], lease: Mapping[str, Any] | None
+    claim: Mapping[str, Any],
+    lease: Mapping[str, Any] | None,
+    pods: list[Mapping[str, Any]] | None = None,
 ) -> ClaimFacts | InvalidClaim:
     meta = claim["metadata"]
     try:
@@ -89,6 +101,7 @@ def claim_facts(
         heartbeat=heartbeat_token(lease),
         settled_key=settlement.get("key"),
         force_settle=annotations.get(FORCE_SETTLE_ANNOTATION),
+        pod=pod_facts(pods or []),
     )
 
 

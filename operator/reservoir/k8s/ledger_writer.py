@@ -23,6 +23,7 @@ from typing import Any, Protocol
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
+from lightkube.resources.core_v1 import Pod
 
 from reservoir import metrics
 from reservoir.core.claimstatus import claim_status
@@ -30,7 +31,12 @@ from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.reconcile import Reconciliation, reconcile
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
-from reservoir.k8s.resources import ENVELOPE_LABEL, BranchClaim, ReservationEnvelope
+from reservoir.k8s.resources import (
+    CLAIM_LABEL,
+    ENVELOPE_LABEL,
+    BranchClaim,
+    ReservationEnvelope,
+)
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
@@ -117,11 +123,13 @@ class LedgerWriter:
         ):
             body = lease.to_dict()
             leases[body["metadata"]["name"]] = body
+        pods = await self._workload_pods(namespace, claims)
         envelope_facts, status = read.envelope_facts(envelope)
         claim_facts: list[ClaimFacts] = []
         untouched: set[str] = set()
         for claim in claims:
-            fact = read.claim_facts(claim, leases.get(claim["metadata"]["name"]))
+            claim_name = claim["metadata"]["name"]
+            fact = read.claim_facts(claim, leases.get(claim_name), pods.get(claim_name))
             if isinstance(fact, read.InvalidClaim):
                 untouched.add(fact.uid)
                 self.record(claim, "Warning", "InvalidSpec", fact.problem)
@@ -155,6 +163,19 @@ class LedgerWriter:
         metrics.count_events(namespace, name, result.events)
         await self._mirror(namespace, claims, result, now)
         return result
+
+    async def _workload_pods(
+        self, namespace: str, claims: list[dict[str, Any]]
+    ) -> dict[str, list[Mapping[str, Any]]]:
+        """Pods labelled with a claim's name, for claims whose commit point is a pod's
+        binding or start. Listed only when some claim has such a commit point."""
+        if all((c.get("spec") or {}).get("commitPoint", "Dispatch") == "Dispatch" for c in claims):
+            return {}
+        pods: dict[str, list[Mapping[str, Any]]] = {}
+        async for pod in self.client.list(Pod, namespace=namespace, labels={CLAIM_LABEL: None}):
+            body = pod.to_dict()
+            pods.setdefault(body["metadata"]["labels"][CLAIM_LABEL], []).append(body)
+        return pods
 
     def _announce(self, claims: Mapping[str, Mapping[str, Any]], events: list[LedgerEvent]) -> None:
         for event in events:

@@ -1,0 +1,31 @@
+"""Workload pods (labelled reservoir.dev/claim=NAME) commit claims whose commit point is
+the pod's binding (PodScheduled) or start (PodRunning)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.k8s.resources import CLAIM_LABEL
+from reservoir.services import Services
+
+
+@kopf.index(API_GROUP, API_VERSION, "branchclaims")
+def envelope_of_claim(
+    name: str, namespace: str | None, spec: kopf.Spec, **_: Any
+) -> dict[tuple[str | None, str], str]:
+    """claim (namespace, name) → its envelope, so a pod event finds the ledger to wake."""
+    return {(namespace, name): spec.get("envelope", "")}
+
+
+@kopf.on.event("", "v1", "pods", labels={CLAIM_LABEL: kopf.PRESENT})
+async def workload_pod_changed(
+    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **kwargs: Any
+) -> None:
+    services: Services = memo.services
+    index: kopf.Index[tuple[str | None, str], str] = kwargs["envelope_of_claim"]
+    for envelope in index.get((namespace, labels[CLAIM_LABEL]), []):
+        if namespace and envelope:
+            services.writer.poke(namespace, envelope)
