@@ -59,7 +59,6 @@ class LedgerAudit(RuleBasedStateMachine):
         self.settled: dict[str, Settlement] = {}
         self.settled_amounts: dict[str, tuple[dict[str, Decimal], dict[str, Decimal]]] = {}
         self.expected_committed: dict[str, Decimal] = {r: Decimal(0) for r in RESOURCES}
-        self.reserved_of: dict[str, dict[str, Decimal]] = {}
         self.seen_committed: set[str] = set()
 
     @initialize(
@@ -212,7 +211,6 @@ class LedgerAudit(RuleBasedStateMachine):
             if entry.phase.committed:
                 self.seen_committed.add(uid)
             if entry.settlement is None:
-                self.reserved_of[uid] = dict(entry.reserved)
                 continue
             if uid in self.settled:
                 continue
