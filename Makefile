@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .cluster
 export RESERVOIR_CLUSTER_DIR := $(abspath $(CLUSTER_DIR))
 
-.PHONY: help venv tools cluster-up cluster-down lint test test-unit test-integration crds demo clean
+.PHONY: help venv tools cluster-up cluster-down lint test test-unit test-integration crds demo bench clean
 
 help:
 	@echo "make demo          local cluster + operator + example branching workflow + ledger"
@@ -14,6 +14,7 @@ help:
 	@echo "make cluster-up    start the local control plane (idempotent), prints KUBECONFIG"
 	@echo "make cluster-down  stop it, leaving no process behind"
 	@echo "make crds          regenerate crds/ from the pydantic models"
+	@echo "make bench         settlement throughput and latency vs a raw API baseline"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -32,8 +33,8 @@ cluster-down:
 	$(PYTHON) hack/localcluster.py down --dir $(CLUSTER_DIR)
 
 lint: venv
-	$(BIN)/ruff check operator tests hack examples
-	$(BIN)/ruff format --check operator tests hack examples
+	$(BIN)/ruff check operator tests hack examples bench
+	$(BIN)/ruff format --check operator tests hack examples bench
 	$(BIN)/mypy
 
 crds: venv
@@ -51,6 +52,10 @@ test-integration: venv tools
 
 demo: venv cluster-up
 	bash examples/demo.sh
+
+# Not a test: figures and ratios against a raw-API baseline measured in the same run.
+bench: venv cluster-up
+	$(BIN)/python bench/settlement.py
 
 clean: cluster-down
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
