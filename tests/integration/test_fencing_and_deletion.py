@@ -117,6 +117,9 @@ def test_deleting_claims_never_loses_or_double_returns_capacity(
     )
     assert deleting.condition("CancelRequested")
     assert deleting.phase in ("Committed", "Running")
+    eventually(
+        "an AwaitingSettlement Event", lambda: "AwaitingSettlement" in events_of(cluster, ns, "r")
+    )
     assert exists(cluster, ns, "bclaim", "r")
 
     sdk.finish(sdk.get(running), {"tokens": "9"})

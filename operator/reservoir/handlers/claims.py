@@ -14,6 +14,7 @@ from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
 from reservoir.services import Services
 
 CLAIMS = (API_GROUP, API_VERSION, "branchclaims")
+REMIND_EVERY_RETRIES = 30  # retries come every 2 s: about once a minute
 
 
 def pending_without_envelope(envelope: str) -> BranchClaimStatus:
@@ -75,7 +76,13 @@ async def belong_to_the_envelope(
 
 @kopf.on.delete(*CLAIMS, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
 async def settle_before_removal(
-    spec: kopf.Spec, uid: str, namespace: str | None, memo: kopf.Memo, **_: Any
+    spec: kopf.Spec,
+    uid: str,
+    namespace: str | None,
+    body: kopf.Body,
+    retry: int,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """A claim is removed only once its settlement is recorded in the envelope's ledger:
     at once before the commit point, after the final report (or deadline) after it."""
@@ -88,6 +95,14 @@ async def settle_before_removal(
     if entry is None or entry.phase.terminal:
         return
     metrics.finalizer_waits.labels(namespace, "BranchClaim").inc()
+    if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
+        kopf.warn(
+            body,
+            reason="AwaitingSettlement",
+            message=f"deletion waits for settlement (claim is {entry.phase.value}): report "
+            "final usage, wait for the ambiguity deadline, or annotate "
+            "reservoir.dev/force-settle",
+        )
     raise kopf.TemporaryError(
         f"waiting for settlement: the claim is {entry.phase.value}; report final usage, "
         "or wait for the ambiguity deadline, or annotate reservoir.dev/force-settle",
