@@ -14,6 +14,7 @@ from reservoir.services import Services
 
 ENVELOPES = (API_GROUP, API_VERSION, "reservationenvelopes")
 IDLE_WAKEUP_SECONDS = 30.0
+REMIND_EVERY_RETRIES = 30  # retries come every 2 s: about once a minute
 
 
 @kopf.daemon(*ENVELOPES, cancellation_timeout=5.0)
@@ -44,7 +45,7 @@ async def keep_the_ledger(
 
 @kopf.on.delete(*ENVELOPES, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
 async def settle_children_before_removal(
-    namespace: str | None, name: str, memo: kopf.Memo, **_: Any
+    namespace: str | None, name: str, body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any
 ) -> None:
     """Deleting an envelope cancels its children first; it goes only once all settled."""
     assert namespace is not None
@@ -55,4 +56,7 @@ async def settle_children_before_removal(
     live = [e.claim for e in result.status.entries.values() if not e.phase.terminal]
     if live:
         metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
-        raise kopf.TemporaryError(f"waiting for {len(live)} claims to settle: {live[:5]}", delay=2)
+        message = f"waiting for {len(live)} claims to settle: {', '.join(live[:5])}"
+        if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
+            kopf.warn(body, reason="AwaitingSettlement", message=message)
+        raise kopf.TemporaryError(message, delay=2)
