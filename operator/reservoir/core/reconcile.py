@@ -14,7 +14,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.conditions import Desired, merge_conditions
-from reservoir.core.ledger import add, compute_totals, render
+from reservoir.core.ledger import add, compute_totals, render, subtract
 from reservoir.core.lifecycle import (
     ClaimFacts,
     LedgerEvent,
@@ -110,8 +110,9 @@ def reconcile(
     ]
     waiting.sort(key=lambda c: QueueKey(c.spec.priority, c.created_at, c.name, c.uid).sort_key())
     blocked_by: str | None = None
+    balance = compute_totals(envelope.spec.capacity, committed, ledger.entries.values()).available
     for facts in waiting:
-        blocked_by = _admit_one(result, envelope, facts, committed, blocked_by, now)
+        blocked_by = _admit_one(result, envelope, facts, balance, blocked_by, now)
 
     # 3. Forget settled entries whose claims are gone.
     for uid in [u for u, e in ledger.entries.items() if e.phase.terminal]:
@@ -193,11 +194,12 @@ def _admit_one(
     result: Reconciliation,
     envelope: EnvelopeFacts,
     facts: ClaimFacts,
-    committed: dict[str, Decimal],
+    available: dict[str, Decimal],
     blocked_by: str | None,
     now: datetime,
 ) -> str | None:
-    """Admit, reject or queue one waiting claim. Returns the name blocking the queue."""
+    """Admit, reject or queue one waiting claim. Returns the name blocking the queue.
+    `available` is this pass's running balance: admitting a claim draws it down."""
     spec, policy = facts.spec, envelope.spec.policy
     if facts.cancelling:
         reason = "DeletedWhilePending" if facts.deleting else "CancelledWhilePending"
@@ -246,10 +248,9 @@ def _admit_one(
 
     entries = result.status.entries
     live = [e for e in entries.values() if e.phase.holds_capacity]
-    totals = compute_totals(envelope.spec.capacity, committed, entries.values())
     decision = admission(
         spec.requests,
-        totals.available,
+        available,
         live,
         len(entries),
         will_be_tentative=spec.intent is Intent.HOLD,
@@ -264,6 +265,7 @@ def _admit_one(
         # dispatched claim, and the other caps stop everyone anyway.
         return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
 
+    available.update(subtract(available, spec.requests))
     entry = _new_entry(facts, dict(spec.requests))
     entry.phase = ClaimPhase.TENTATIVE
     entry.first_reserved_at = now
