@@ -38,31 +38,14 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.types import PatchType
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "operator")]
+
+from tests.clusters import schemaless_crd  # noqa: E402
+
+from reservoir.sdk import Reservoir  # noqa: E402
+
 KUBECTL = Path.home() / ".cache" / "reservoir" / "bin" / "current" / "kubectl"
-BASELINE_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "rawclaims.bench.reservoir.dev"},
-    "spec": {
-        "group": "bench.reservoir.dev",
-        "scope": "Namespaced",
-        "names": {"kind": "RawClaim", "plural": "rawclaims", "singular": "rawclaim"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "x-kubernetes-preserve-unknown-fields": True,
-                    }
-                },
-            }
-        ],
-    },
-}
+BASELINE_CRD = schemaless_crd("bench.reservoir.dev", "RawClaim", "rawclaims")
 
 
 def kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
@@ -116,9 +99,6 @@ def operator_writes(port: int) -> float:
 def reservoir(
     kubeconfig: str, namespace: str, claims: int, workers: int
 ) -> tuple[float, list[float], float]:
-    sys.path.insert(0, str(REPO / "operator"))
-    from reservoir.sdk import Reservoir
-
     kubectl(kubeconfig, "apply", "-f", str(REPO / "crds"))
     envelope = {
         "apiVersion": "reservoir.dev/v1alpha1",

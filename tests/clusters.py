@@ -16,6 +16,36 @@ sys.path.insert(0, str(REPO / "hack"))
 from localcluster import LocalCluster, NodeShape  # noqa: E402
 
 
+def schemaless_crd(group: str, kind: str, plural: str) -> dict[str, object]:
+    """A namespaced CRD with a status subresource and no schema to speak of: a plain object
+    for tests and baselines that exercise the API server itself, not Reservoir's kinds."""
+    any_object = {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.{group}"},
+        "spec": {
+            "group": group,
+            "scope": "Namespaced",
+            "names": {"kind": kind, "plural": plural, "singular": kind.lower()},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {"spec": any_object, "status": any_object},
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
 class ClusterHandle(Protocol):
     kubeconfig_path: Path
 

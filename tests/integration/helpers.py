@@ -80,3 +80,13 @@ def events_of(cluster: ClusterHandle, ns: str, name: str) -> list[str]:
         )
     )
     return [e["reason"] for e in listing["items"]]
+
+
+def committed_claim(
+    cluster: ClusterHandle, ns: str, sdk: Reservoir, name: str = "x", tokens: str = "30"
+) -> ClaimView:
+    """An envelope `wf` of 100 tokens (2-minute leases) and one dispatched claim on it,
+    once the operator has committed it."""
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
+    claim = sdk.hold("wf", name, {"tokens": tokens}, name=name, dispatch=True)
+    return wait_phase(sdk, claim, "Committed")

@@ -12,7 +12,7 @@ import pytest
 from lightkube import ApiError, Client, KubeConfig
 from lightkube.generic_resource import create_namespaced_resource
 
-from tests.clusters import ClusterHandle
+from tests.clusters import ClusterHandle, schemaless_crd
 
 
 def wait_for(what: str, check: Callable[[], Any], timeout: float = 60) -> Any:
@@ -111,39 +111,7 @@ def test_controller_manager_runs_deployments_and_collects_garbage(
     )
 
 
-WIDGET_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1",
-    "kind": "CustomResourceDefinition",
-    "metadata": {"name": "widgets.smoke.reservoir.dev"},
-    "spec": {
-        "group": "smoke.reservoir.dev",
-        "scope": "Namespaced",
-        "names": {"kind": "Widget", "plural": "widgets", "singular": "widget"},
-        "versions": [
-            {
-                "name": "v1",
-                "served": True,
-                "storage": True,
-                "subresources": {"status": {}},
-                "schema": {
-                    "openAPIV3Schema": {
-                        "type": "object",
-                        "properties": {
-                            "spec": {
-                                "type": "object",
-                                "x-kubernetes-preserve-unknown-fields": True,
-                            },
-                            "status": {
-                                "type": "object",
-                                "properties": {"count": {"type": "integer"}},
-                            },
-                        },
-                    }
-                },
-            }
-        ],
-    },
-}
+WIDGET_CRD = schemaless_crd("smoke.reservoir.dev", "Widget", "widgets")
 
 
 def test_status_writes_with_a_stale_resource_version_get_409(

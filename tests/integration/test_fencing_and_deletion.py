@@ -10,6 +10,7 @@ from reservoir.sdk import Reservoir, ReservoirError, StaleClaimError
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
 from tests.integration.helpers import (
+    committed_claim,
     create_envelope,
     events_of,
     eventually,
@@ -39,10 +40,7 @@ def test_cancel_racing_dispatch_fences_the_loser(
 def test_a_stale_worker_gets_a_409_and_then_a_stale_claim_error(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
-    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
-    claim = wait_phase(
-        sdk, sdk.hold("wf", "x", {"tokens": "30"}, name="x", dispatch=True), "Committed"
-    )
+    claim = committed_claim(cluster, ns, sdk)
     old_worker_view = claim
     sdk.finish(sdk.get(claim), {"tokens": "10"})  # the new worker settles it
     wait_phase(sdk, claim, "Consumed")
@@ -54,9 +52,7 @@ def test_a_stale_worker_gets_a_409_and_then_a_stale_claim_error(
 def test_duplicated_and_out_of_order_usage_reports_change_nothing_twice(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
-    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
-    claim = sdk.hold("wf", "x", {"tokens": "30"}, name="x", dispatch=True)
-    claim = wait_phase(sdk, claim, "Committed")
+    claim = committed_claim(cluster, ns, sdk)
     for _ in range(3):  # the same cumulative report, delivered three times
         claim = sdk.report_usage(sdk.get(claim), {"tokens": "10"})
     eventually("usage 10", lambda: str(sdk.get(claim).status.usage.get("tokens")) == "10")
@@ -70,10 +66,7 @@ def test_duplicated_and_out_of_order_usage_reports_change_nothing_twice(
 def test_usage_above_the_reservation_is_recorded_as_an_overrun(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
-    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
-    claim = wait_phase(
-        sdk, sdk.hold("wf", "x", {"tokens": "30"}, name="x", dispatch=True), "Committed"
-    )
+    claim = committed_claim(cluster, ns, sdk)
     sdk.report_usage(claim, {"tokens": "45"})
     view = eventually("Overrun", lambda: sdk.get(claim).condition("Overrun") and sdk.get(claim))
     assert view.status.overrun is not None
@@ -156,10 +149,7 @@ def test_deleting_an_envelope_cancels_its_children_first(
 def test_force_settle_annotation_unsticks_a_claim_and_is_audited(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
-    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
-    claim = wait_phase(
-        sdk, sdk.hold("wf", "x", {"tokens": "30"}, name="x", dispatch=True), "Committed"
-    )
+    claim = committed_claim(cluster, ns, sdk)
     sdk.report_usage(claim, {"tokens": "6"})
     cluster.kubectl("delete", "bclaim", "x", "-n", ns, "--wait=false")
     wait_phase(sdk, claim, "Running")
