@@ -44,9 +44,8 @@ def test_dynamic_branches_pruned_capacity_returns_before_the_workflow_ends(
     sdk.finish(sdk.get(claims["search"]), {"tokens": "12k"})
     sdk.finish(sdk.get(claims["code"]), {"tokens": "7500"}, outcome="Failed")
     settled_ledger(sdk, "agent", committed="19500", reserved="0", available="140500")
-    assert "Released" in events_of(cluster, ns, "agent-math") or "Cancelled" in events_of(
-        cluster, ns, "agent-math"
-    )
+    # Each pruned branch's release is an Event on it (posted asynchronously).
+    eventually("the Cancelled event", lambda: "Cancelled" in events_of(cluster, ns, "agent-math"))
 
 
 def test_parallel_settlement_worked_example_ends_at_37_committed_63_available(
@@ -140,7 +139,8 @@ def test_long_queued_job_renewals_extend_but_never_reset_age_or_queue_position(
     assert lease is not None and lease.first_reserved_at == first_reserved
     assert lease.expires_at is not None
     assert (lease.expires_at - first_reserved).total_seconds() <= 10
-    assert "RenewalRefused" in events_of(cluster, ns, "job") or lease.renewals >= 1
+    settlement = sdk.get(job).status.settlement
+    assert settlement is not None and settlement.reason == "LeaseExpired"
 
     # The expired job's 70 return exactly once, and the older queued claim is admitted
     # first although only the younger one heartbeated.
