@@ -62,10 +62,7 @@ def _clean(node: Any, definitions: dict[str, Any]) -> Any:
         node.setdefault("type", "object")
     if "default" in node and (node["default"] is None or isinstance(node["default"], dict | list)):
         node.pop("default")
-    cleaned = {key: _clean(value, definitions) for key, value in node.items()}
-    if "properties" in cleaned:
-        cleaned["properties"] = {k: v for k, v in cleaned["properties"].items()}
-    return cleaned
+    return {key: _clean(value, definitions) for key, value in node.items()}
 
 
 def crd(

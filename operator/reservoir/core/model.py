@@ -84,8 +84,6 @@ class Model(BaseModel):
         alias_generator=to_camel,
         populate_by_name=True,
         extra="forbid",
-        frozen=False,
-        use_enum_values=False,
     )
 
     def to_api(self) -> dict[str, Any]:
@@ -490,8 +488,33 @@ def immutable(what: str) -> JsonDict:
     return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what}"}]}
 
 
+# Rules over several fields of a claim's spec, checked by the API server (with oldSelf).
+CLAIM_SPEC_RULES: list[JsonValue] = [
+    {
+        "rule": "!has(self.final) || !self.final || has(self.outcome)",
+        "message": "a final report needs an outcome (Succeeded, Failed or Cancelled)",
+    },
+    {
+        "rule": "!has(oldSelf.final) || !oldSelf.final || (has(self.final) && self.final)",
+        "message": "a final report cannot be un-finalized",
+    },
+    {
+        "rule": "!has(oldSelf.final) || !oldSelf.final || "
+        "(has(self.outcome) && has(oldSelf.outcome) && self.outcome == oldSelf.outcome)",
+        "message": "outcome cannot change once the report is final",
+    },
+    {
+        "rule": "!has(oldSelf.final) || !oldSelf.final || "
+        "(has(self.usage) ? self.usage : {}) == (has(oldSelf.usage) ? oldSelf.usage : {})",
+        "message": "usage cannot change once the report is final",
+    },
+]
+
+
 class BranchClaimSpec(Model):
     """What one branch asks for, and the facts its orchestrator and worker declare."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": CLAIM_SPEC_RULES})
 
     envelope: str = Field(
         min_length=1,
@@ -566,29 +589,6 @@ class BranchClaimSpec(Model):
     upstream: Upstream = Field(
         default_factory=Upstream, description="The provider operation this branch runs as."
     )
-
-
-CLAIM_SPEC_RULES: list[JsonValue] = [
-    {
-        "rule": "!has(self.final) || !self.final || has(self.outcome)",
-        "message": "a final report needs an outcome (Succeeded, Failed or Cancelled)",
-    },
-    {
-        "rule": "!has(oldSelf.final) || !oldSelf.final || (has(self.final) && self.final)",
-        "message": "a final report cannot be un-finalized",
-    },
-    {
-        "rule": "!has(oldSelf.final) || !oldSelf.final || "
-        "(has(self.outcome) && has(oldSelf.outcome) && self.outcome == oldSelf.outcome)",
-        "message": "outcome cannot change once the report is final",
-    },
-    {
-        "rule": "!has(oldSelf.final) || !oldSelf.final || "
-        "(has(self.usage) ? self.usage : {}) == (has(oldSelf.usage) ? oldSelf.usage : {})",
-        "message": "usage cannot change once the report is final",
-    },
-]
-BranchClaimSpec.model_config["json_schema_extra"] = {"x-kubernetes-validations": CLAIM_SPEC_RULES}
 
 
 class LeaseStatus(Model):

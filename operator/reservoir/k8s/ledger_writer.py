@@ -79,6 +79,7 @@ class LedgerWriter:
         self.clock = clock
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
+        self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
         return self._triggers.setdefault((namespace, envelope), Trigger())
@@ -126,18 +127,18 @@ class LedgerWriter:
         pods = await self._workload_pods(namespace, claims)
         envelope_facts, status = read.envelope_facts(envelope)
         claim_facts: list[ClaimFacts] = []
-        untouched: set[str] = set()
+        invalid: list[tuple[dict[str, Any], read.InvalidClaim]] = []
         for claim in claims:
             claim_name = claim["metadata"]["name"]
             fact = read.claim_facts(claim, leases.get(claim_name), pods.get(claim_name))
             if isinstance(fact, read.InvalidClaim):
-                untouched.add(fact.uid)
-                self.record(claim, "Warning", "InvalidSpec", fact.problem)
+                invalid.append((claim, fact))
             else:
                 claim_facts.append(fact)
+        untouched = frozenset(fact.uid for _, fact in invalid)
 
         now = self.clock()
-        result = reconcile(envelope_facts, status, claim_facts, now, frozenset(untouched))
+        result = reconcile(envelope_facts, status, claim_facts, now, untouched)
         if result.status != status:
             version = envelope["metadata"]["resourceVersion"]
             body = ReservationEnvelope.Status(
@@ -159,6 +160,7 @@ class LedgerWriter:
         # The ledger is durable: now tell the world.
         by_uid = {c["metadata"]["uid"]: c for c in claims}
         self._announce(by_uid, result.events)
+        self._announce_invalid(invalid)
         metrics.observe(namespace, name, result.status)
         metrics.count_events(namespace, name, result.events)
         await self._mirror(namespace, claims, result, now)
@@ -176,6 +178,14 @@ class LedgerWriter:
             body = pod.to_dict()
             pods.setdefault(body["metadata"]["labels"][CLAIM_LABEL], []).append(body)
         return pods
+
+    def _announce_invalid(self, invalid: list[tuple[dict[str, Any], read.InvalidClaim]]) -> None:
+        """One Event per unreadable spec version, not one per reconcile."""
+        for claim, fact in invalid:
+            version = (fact.uid, claim["metadata"]["resourceVersion"])
+            if version not in self._reported_invalid:
+                self._reported_invalid.add(version)
+                self.record(claim, "Warning", "InvalidSpec", fact.problem)
 
     def _announce(self, claims: Mapping[str, Mapping[str, Any]], events: list[LedgerEvent]) -> None:
         for event in events:

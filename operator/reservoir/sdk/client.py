@@ -31,6 +31,8 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.types import PatchType
 
 from reservoir.core.model import (
+    API_GROUP,
+    API_VERSION,
     TERMINAL_PHASES,
     BranchClaimSpec,
     ClaimPhase,
@@ -284,7 +286,7 @@ class AsyncReservoir:
                     labels={ENVELOPE_LABEL: view.spec.envelope, CLAIM_LABEL: view.name},
                     ownerReferences=[
                         OwnerReference(
-                            apiVersion=BranchClaim._api_info.resource.api_version,
+                            apiVersion=f"{API_GROUP}/{API_VERSION}",
                             kind="BranchClaim",
                             name=view.name,
                             uid=view.uid,
