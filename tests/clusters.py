@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import subprocess
@@ -55,9 +56,20 @@ class ClusterHandle(Protocol):
 
 
 class LocalTestCluster:
-    """The envtest-style control plane of hack/localcluster.py, in its own directory."""
+    """The envtest-style control plane of hack/localcluster.py, in its own directory. A
+    second test session running at the same time (another terminal, a helper) gets a
+    directory of its own instead of sharing, and tearing down, the first one's."""
 
     def __init__(self, directory: Path) -> None:
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = (directory.parent / f"{directory.name}.lock").open("w")
+        self._private = False
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            directory = directory.parent / f"{directory.name}-{os.getpid()}"
+            self._private = True
+        self._directory = directory
         self._cluster = LocalCluster(directory, NodeShape())
         self._cluster.up()
         self.kubeconfig_path = self._cluster.kubeconfig
@@ -67,6 +79,9 @@ class LocalTestCluster:
 
     def delete(self) -> None:
         self._cluster.down(quiet=True)
+        if self._private:
+            shutil.rmtree(self._directory, ignore_errors=True)
+        self._lock.close()
 
 
 class ExistingCluster:

@@ -22,6 +22,7 @@ from pydantic import BaseModel
 from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
+    EXECUTION_FACTS_UNCHANGED,
     BranchClaimSpec,
     BranchClaimStatus,
     ReservationEnvelopeSpec,
@@ -60,7 +61,10 @@ def _clean(node: Any, definitions: dict[str, Any]) -> Any:
     if node.get("x-kubernetes-preserve-unknown-fields"):
         node.pop("additionalProperties", None)
         node.setdefault("type", "object")
-    if "default" in node and (node["default"] is None or isinstance(node["default"], dict | list)):
+    # An empty map default stays (resource maps default to {} so that removing one cannot
+    # skip its transition rules); other object defaults are left to the nested fields.
+    default = node.get("default", 0)
+    if default is None or (isinstance(default, dict | list) and default):
         node.pop("default")
     return {key: _clean(value, definitions) for key, value in node.items()}
 
@@ -74,6 +78,7 @@ def crd(
     description: str,
     columns: list[dict[str, Any]],
     selectable: tuple[str, ...] = (),
+    root_rules: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     version: dict[str, Any] = {
         "name": API_VERSION,
@@ -107,6 +112,7 @@ def crd(
                             "type": "object",
                             "description": description,
                             "required": ["spec"],
+                            **({"x-kubernetes-validations": root_rules} if root_rules else {}),
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},
@@ -168,7 +174,8 @@ def claim_crd() -> dict[str, Any]:
             column("Envelope", ".spec.envelope"),
             column("Branch", ".spec.branch"),
             column("Phase", ".status.phase"),
-            column("Intent", ".spec.intent"),
+            column("Dispatch", ".spec.dispatch", "boolean"),
+            column("Cancel", ".spec.cancel", "boolean"),
             column("Node", ".status.placement.node"),
             column("Lease-Expires", ".status.lease.expiresAt"),
             column("Settled", ".status.settlement.reason", priority=1),
@@ -176,18 +183,93 @@ def claim_crd() -> dict[str, Any]:
         ],
         # `kubectl get bclaim --field-selector spec.envelope=wf`, and the operator's list
         selectable=(".spec.envelope", ".spec.branch"),
+        root_rules=[SETTLEMENT_IS_PERMANENT],
     )
 
 
-def manifests() -> dict[str, dict[str, Any]]:
+# Once a claim's status carries its settlement, the ledger may compact the entry away and
+# the status is the record: the API server keeps anyone (the operator included) from
+# changing or removing it, through the status subresource or otherwise.
+SETTLEMENT_IS_PERMANENT = {
+    "rule": "!has(oldSelf.status) || !has(oldSelf.status.settlement) || "
+    "(has(self.status) && has(self.status.settlement) && "
+    "self.status.settlement == oldSelf.status.settlement)",
+    "message": "status.settlement is the claim's permanent record: it cannot change once set",
+}
+
+
+def on_deleting_claims(spec_rule: str) -> str:
+    """A spec rule, read as a policy over a claim update whose object is being deleted."""
+    return spec_rule.replace("oldSelf.", "oldObject.spec.").replace("self.", "object.spec.")
+
+
+def claim_admission_policy() -> list[dict[str, Any]]:
+    """The ordering CRD rules cannot see: a deletion is a prune, so a claim being deleted
+    cannot be dispatched afterwards, nor (if not dispatched first) report that it ran. The
+    operator then reads the same settlement whether it saw the deletion first or not."""
+    name = f"branchclaims.{API_GROUP}"
+    dispatched = "(has(oldObject.spec.dispatch) && oldObject.spec.dispatch)"
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [API_GROUP],
+                        "apiVersions": [API_VERSION],
+                        "operations": ["UPDATE"],
+                        "resources": ["branchclaims"],
+                    }
+                ]
+            },
+            "validations": [
+                {
+                    "expression": "!has(oldObject.metadata.deletionTimestamp) || "
+                    "(has(object.spec.dispatch) && object.spec.dispatch) == "
+                    "(has(oldObject.spec.dispatch) && oldObject.spec.dispatch)",
+                    "message": "a claim being deleted cannot be dispatched: create a new claim",
+                },
+                {
+                    "expression": "!has(oldObject.metadata.deletionTimestamp) || "
+                    f"{dispatched} || "
+                    "(has(oldObject.spec.commitPoint) && "
+                    "oldObject.spec.commitPoint != 'Dispatch') || "
+                    f"({on_deleting_claims(EXECUTION_FACTS_UNCHANGED)})",
+                    "message": "a claim deleted before dispatch never ran: it cannot report "
+                    "usage or a provider start",
+                },
+            ],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"]},
+    }
+    return [policy, binding]
+
+
+def crds() -> dict[str, dict[str, Any]]:
     return {
         "reservoir.dev_reservationenvelopes.yaml": envelope_crd(),
         "reservoir.dev_branchclaims.yaml": claim_crd(),
     }
 
 
-def render(manifest: dict[str, Any]) -> str:
-    return HEADER + yaml.safe_dump(manifest, sort_keys=False, width=100, allow_unicode=True)
+def manifests() -> dict[str, dict[str, Any] | list[dict[str, Any]]]:
+    """Everything under crds/: the CRDs and the admission policy that goes with them."""
+    return {**crds(), "reservoir.dev_branchclaims_admission.yaml": claim_admission_policy()}
+
+
+def render(manifest: dict[str, Any] | list[dict[str, Any]]) -> str:
+    documents = manifest if isinstance(manifest, list) else [manifest]
+    return HEADER + "---\n".join(
+        yaml.safe_dump(d, sort_keys=False, width=100, allow_unicode=True) for d in documents
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -32,13 +32,20 @@ transitions = Counter(
 )
 ledger_writes = Counter(
     "reservoir_ledger_writes_total",
-    "Compare-and-swap writes of envelope ledgers, by result (written, conflict, unchanged).",
+    "Compare-and-swap writes of envelope ledgers, by result "
+    "(written, conflict, unchanged, refused).",
     ["namespace", "result"],
 )
 reconcile_seconds = Histogram(
     "reservoir_ledger_reconcile_seconds",
     "Time to read, reconcile and write one envelope's ledger.",
     ["namespace"],
+)
+ledger_errors = Counter(
+    "reservoir_ledger_errors_total",
+    "Reconciles that could not move a ledger, by reason (UnreadableEnvelope, "
+    "InvariantViolation, WriteRefused, MirrorRefused).",
+    ["namespace", "reason"],
 )
 finalizer_waits = Counter(
     "reservoir_finalizer_waits_total",

@@ -6,6 +6,7 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
@@ -52,10 +53,10 @@ class Sim:
         return self
 
     def dispatch(self, name: str) -> Sim:
-        return self.update(name, intent="Dispatch")
+        return self.update(name, dispatch=True)
 
     def cancel(self, name: str) -> Sim:
-        return self.update(name, intent="Cancel")
+        return self.update(name, cancel=True)
 
     def usage(self, name: str, tokens: str, final: bool = False, outcome: str | None = None) -> Sim:
         changes: dict[str, Any] = {"usage": {"tokens": tokens}, "final": final}
@@ -81,6 +82,28 @@ class Sim:
         del self.claims[name]
         return self
 
+    def force(self, name: str, why: str) -> Sim:
+        self.claims[name] = replace(self.claims[name], force_settle=why)
+        return self
+
+    def force_gone(self, name: str, why: str) -> Sim:
+        """The envelope's reservoir.dev/force-settle-gone annotation names a claim."""
+        named = {**self.envelope.force_settle_gone, name: why}
+        self.envelope = replace(self.envelope, force_settle_gone=named)
+        return self
+
+    def mirror(self) -> Sim:
+        """Claim statuses catch up with the ledger, as the writer's mirror does."""
+        assert self.last is not None
+        for name, facts in self.claims.items():
+            entry = self.last.entry(facts.uid)
+            if entry is None or entry.settlement is None:
+                continue
+            status = claim_status(entry, None, None, None, self.now)
+            record = settled_record(status, facts.uid, name, facts.spec.attempt)
+            self.claims[name] = replace(facts, settled_record=record)
+        return self
+
     def close(self) -> Sim:
         spec = {**self.envelope.spec.model_dump(), "state": "Closed"}
         self.envelope = replace(self.envelope, spec=ReservationEnvelopeSpec.model_validate(spec))
@@ -95,10 +118,16 @@ class Sim:
 
     # - reading -
     def entry(self, name: str) -> LedgerEntry:
-        return self.status.entries[name]
+        if name in self.status.entries:
+            return self.status.entries[name]
+        record = self.claims[name].settled_record if name in self.claims else None
+        assert record is not None, f"{name} has no entry and no settled record"
+        return record
 
     def phase(self, name: str) -> ClaimPhase:
-        if name not in self.status.entries:
+        if name not in self.status.entries and (
+            name not in self.claims or self.claims[name].settled_record is None
+        ):
             return ClaimPhase.PENDING
         return self.entry(name).phase
 

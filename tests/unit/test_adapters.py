@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 from reservoir.cli.plugin import resources, table
-from reservoir.core.model import Intent
 from reservoir.k8s.facts import InvalidClaim, claim_facts, heartbeat_token
 from reservoir.sdk import ReservoirError
 
@@ -19,17 +18,35 @@ def claim(**spec: object) -> dict[str, object]:
             "annotations": {"reservoir.dev/force-settle": "OPS-1"},
         },
         "spec": {"envelope": "wf", "requests": {"tokens": "20k"}, **spec},
-        "status": {"settlement": {"key": "u-1/1/1"}},
+        "status": {
+            "phase": "Released",
+            "settlement": {
+                "key": "u-1/1/1",
+                "phase": "Released",
+                "reason": "Cancelled",
+                "at": "2026-11-29T10:00:01Z",
+            },
+        },
     }
 
 
 def test_a_claim_object_becomes_facts() -> None:
-    facts = claim_facts(claim(intent="Dispatch"), None)
+    facts = claim_facts(claim(dispatch=True), None)
     assert not isinstance(facts, InvalidClaim)
-    assert facts.spec.intent is Intent.DISPATCH
+    assert facts.spec.dispatch and not facts.spec.cancel
     assert facts.spec.requests == {"tokens": 20000}
     assert facts.created_at.tzinfo is not None
-    assert (facts.settled_key, facts.force_settle, facts.deleting) == ("u-1/1/1", "OPS-1", False)
+    assert facts.settled_record is not None
+    assert facts.settled_record.settlement is not None
+    assert facts.settled_record.settlement.key == "u-1/1/1"
+    assert (facts.force_settle, facts.deleting, facts.problem) == ("OPS-1", False, None)
+
+
+def test_a_settlement_copied_from_another_claim_is_not_this_claims_record() -> None:
+    body = claim()
+    body["metadata"] = {**body["metadata"], "uid": "u-2"}  # type: ignore[dict-item]
+    facts = claim_facts(body, None)
+    assert not isinstance(facts, InvalidClaim) and facts.settled_record is None
 
 
 def test_a_spec_the_operator_cannot_read_is_reported_not_acted_on() -> None:

@@ -27,7 +27,7 @@ def walk(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
 
 
 def test_every_field_has_a_description_so_kubectl_explain_teaches_it() -> None:
-    for manifest in crdgen.manifests().values():
+    for manifest in crdgen.crds().values():
         schema = manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
         for path, node in walk(schema["properties"]["spec"]) + walk(schema["properties"]["status"]):
             for name, field in node.get("properties", {}).items():
@@ -35,7 +35,7 @@ def test_every_field_has_a_description_so_kubectl_explain_teaches_it() -> None:
 
 
 def test_schemas_are_structural_and_bounded() -> None:
-    for manifest in crdgen.manifests().values():
+    for manifest in crdgen.crds().values():
         schema = manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
         for path, node in walk(schema["spec"], ".spec") + walk(schema["status"], ".status"):
             assert "$ref" not in node and "anyOf" not in node and "title" not in node, path

@@ -1,16 +1,23 @@
 """A model-based audit of the ledger, in the style of TigerBeetle's auditor.
 
 Hypothesis drives random envelopes and claims through random, duplicated, reordered and
-stale events (intents, cumulative usage, final reports, heartbeats, lease expiry, deletion,
-crashes that drop a computed ledger before it is written). An independent auditor, which
-shares no code with the core's arithmetic, checks after every step that:
+stale events (dispatch and cancel facts, cumulative usage, overruns, final reports,
+heartbeats, lease expiry, deletion, the mirror of settled claims into their own status and
+the ledger's compaction, crashes that drop a computed ledger before it is written). An
+independent auditor, which shares no code with the core's arithmetic, checks after every
+step that:
 
 - committed + reserved + reconciling + available == capacity, per dimension, none negative;
 - no claim settles twice, and a terminal state never changes;
 - settlement never returns more than was reserved (consumed + released == reserved);
 - capacity of a committed claim returns only on a final report or a deadline decision;
-- total committed == the sum of accepted final usage (+ reservations charged in full by a
-  Quarantine decision), counted by the auditor itself as settlements appear.
+- a claim settles on the usage the operator saw: min(usage, R) per resource for a final
+  report (an overrun is charged R, never more), the running maximum of that for a Release
+  at the deadline, R for Quarantine, nothing for a claim that never committed;
+- total committed == the sum of those charges, counted by the auditor itself as
+  settlements appear, also after settled entries are compacted out of the ledger.
+The coalescing invariance (same settlement whatever the operator missed) is audited in
+test_coalescing.py.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.lifecycle import ClaimFacts
 from reservoir.core.model import (
     BranchClaimSpec,
@@ -60,6 +68,7 @@ class LedgerAudit(RuleBasedStateMachine):
         self.settled_amounts: dict[str, tuple[dict[str, Decimal], dict[str, Decimal]]] = {}
         self.expected_committed: dict[str, Decimal] = {r: Decimal(0) for r in RESOURCES}
         self.seen_committed: set[str] = set()
+        self.seen_usage: dict[str, dict[str, Decimal]] = {}  # auditor's max(min(usage, R))
 
     @initialize(
         tokens=st.integers(0, 200),
@@ -105,7 +114,7 @@ class LedgerAudit(RuleBasedStateMachine):
         spec = BranchClaimSpec(
             envelope="env",
             requests={"tokens": tokens, "gpu": gpu},
-            intent="Dispatch" if dispatched else "Hold",  # type: ignore[arg-type]
+            dispatch=dispatched,
             priority=priority,
         )
         self.facts[uid] = ClaimFacts(uid=uid, name=uid, created_at=self.now, spec=spec)
@@ -120,18 +129,21 @@ class LedgerAudit(RuleBasedStateMachine):
 
     @rule(uid=claims)
     def dispatch(self, uid: str) -> None:
-        if uid in self.facts and self.facts[uid].spec.intent == "Hold":
-            self._update(uid, intent="Dispatch")
+        facts = self.facts.get(uid)
+        if facts is not None and not facts.spec.cancel:  # CEL: no dispatch after cancel
+            self._update(uid, dispatch=True)
 
     @rule(uid=claims)
     def cancel(self, uid: str) -> None:
-        self._update(uid, intent="Cancel")
+        self._update(uid, cancel=True)
 
     @rule(uid=claims, extra=st.integers(0, 30))
     def report_usage(self, uid: str, extra: int) -> None:
         facts = self.facts.get(uid)
         if facts is None or facts.spec.final:
             return
+        if (facts.spec.cancel or facts.deleting) and not facts.spec.dispatch:
+            return  # API server: a branch pruned before dispatch never ran
         usage = dict(facts.spec.usage)
         usage["tokens"] = usage.get("tokens", Decimal(0)) + extra  # cumulative, never less
         self._update(uid, usage=usage)
@@ -169,7 +181,24 @@ class LedgerAudit(RuleBasedStateMachine):
     # --- the operator --------------------------------------------------------------------
 
     def _reconcile(self, facts: dict[str, ClaimFacts]) -> ReservationEnvelopeStatus:
-        return reconcile(self.envelope_facts, self.status, list(facts.values()), self.now).status
+        # What the operator sees is what it may charge: the auditor keeps its own running
+        # maximum of min(usage, R) for every claim that holds a reservation.
+        for uid, fact in facts.items():
+            entry = self.status.entries.get(uid)
+            if entry is None or not entry.phase.holds_capacity:
+                continue
+            seen = self.seen_usage.setdefault(uid, {})
+            for resource, amount in fact.spec.usage.items():
+                capped = min(amount, entry.reserved.get(resource, Decimal(0)))
+                seen[resource] = max(seen.get(resource, Decimal(0)), capped)
+        result = reconcile(self.envelope_facts, self.status, list(facts.values()), self.now)
+        for uid, entry in result.status.entries.items():
+            if uid not in self.status.entries and entry.phase.holds_capacity:
+                fact = facts[uid]
+                self.seen_usage[uid] = {
+                    r: min(a, entry.reserved.get(r, Decimal(0))) for r, a in fact.spec.usage.items()
+                }
+        return result.status
 
     @rule()
     def reconcile_and_write(self) -> None:
@@ -195,9 +224,28 @@ class LedgerAudit(RuleBasedStateMachine):
         # Old facts for every claim that still exists. A claim missing from the cache is
         # confirmed by a direct read before it counts as gone (the adapter's contract), so
         # a stale view never hides a live claim.
-        stale = {uid: old.get(uid, facts) for uid, facts in self.facts.items()}
+        # The claims are listed after the envelope is read, so the settled records that a
+        # compaction in this ledger relied on are always in the view (the adapter's other
+        # contract); the declared facts may be as old as you like.
+        stale = {
+            uid: replace(old.get(uid, facts), settled_record=facts.settled_record)
+            for uid, facts in self.facts.items()
+        }
         self.status = self._reconcile(stale)
         self._audit_new_settlements()
+
+    @rule()
+    def mirror(self) -> None:
+        """The claim statuses catch up with the ledger: settled claims carry their record,
+        and the next reconcile compacts their entries away."""
+        for uid, entry in self.status.entries.items():
+            facts = self.facts.get(uid)
+            if facts is None or entry.settlement is None:
+                continue
+            status = claim_status(entry, None, None, None, self.now)
+            record = settled_record(status, uid, facts.name, facts.spec.attempt)
+            assert record is not None, "a settled claim's status must carry its record"
+            self.facts[uid] = replace(facts, settled_record=record)
 
     @rule()
     def crash_before_write(self) -> None:
@@ -218,11 +266,17 @@ class LedgerAudit(RuleBasedStateMachine):
             self.settled_amounts[uid] = (dict(entry.consumed), dict(entry.released))
             reason = entry.settlement.reason
             facts = self.facts.get(uid)
+            seen = self.seen_usage.get(uid, {})
             if reason in ("Completed", "SettledAfterDetach"):
                 assert facts is not None and facts.spec.final
-                expected = dict(facts.spec.usage)
+                expected = {
+                    r: min(a, entry.reserved.get(r, Decimal(0)))
+                    for r, a in facts.spec.usage.items()
+                }
             elif reason == "AmbiguityDeadlineQuarantine":
                 expected = dict(entry.reserved)
+            elif reason == "AmbiguityDeadlineRelease":
+                expected = dict(seen)
             else:
                 expected = {}
             assert {k: v for k, v in entry.consumed.items() if v} == {

@@ -29,13 +29,13 @@ def test_a_claim_that_does_not_fit_waits_pending_with_its_reason_and_holds_nothi
 
 
 def test_a_claim_created_already_dispatched_reserves_and_commits_in_one_step() -> None:
-    sim = Sim().create("lazy", intent="Dispatch").reconcile()
+    sim = Sim().create("lazy", dispatch=True).reconcile()
     assert sim.phase("lazy") is P.COMMITTED
     assert sim.reasons("lazy") == ["Reserved", "CommitPointReached"]
 
 
 def test_a_lazily_dispatched_claim_waits_pending_when_capacity_is_short() -> None:
-    sim = Sim().create("big", {"tokens": "100"}).tick().create("lazy", intent="Dispatch")
+    sim = Sim().create("big", {"tokens": "100"}).tick().create("lazy", dispatch=True)
     sim.reconcile()
     assert sim.phase("lazy") is P.PENDING
     sim.cancel("big").reconcile()
@@ -89,7 +89,7 @@ def test_max_active_claims_caps_fan_out() -> None:
 
 
 def test_max_tentative_claims_caps_holds_but_not_dispatched_claims() -> None:
-    sim = Sim(max_tentative_claims=1).create("a").create("b").create("c", intent="Dispatch")
+    sim = Sim(max_tentative_claims=1).create("a").create("b").create("c", dispatch=True)
     sim.reconcile()
     assert [sim.phase(n) for n in "abc"] == [P.TENTATIVE, P.PENDING, P.COMMITTED]
 
@@ -202,13 +202,15 @@ def test_a_final_report_without_usage_before_dispatch_releases_everything() -> N
     assert sim.entry("a").settlement.reason == "FinishedBeforeCommit"  # type: ignore[union-attr]
 
 
-def test_usage_above_the_reservation_is_rejected_recorded_and_never_overdraws() -> None:
+def test_a_final_report_above_the_reservation_charges_r_and_records_the_excess() -> None:
     sim = Sim().create("a").reconcile().dispatch("a").reconcile()
     sim.usage("a", "25", final=True).reconcile()
-    assert sim.phase("a") is P.COMMITTED, "the overrunning final report is not applied"
+    assert sim.phase("a") is P.CONSUMED, "an overrun proves the branch ran: it settles"
+    assert sim.entry("a").consumed == {"tokens": 20}, "charged at most R"
     overrun = sim.entry("a").overrun
     assert overrun is not None and overrun.usage == {"tokens": 25} and overrun.final
-    assert sim.total("committed") == "0" and sim.total("reserved") == "20"
+    assert overrun.excess == {"tokens": 5}
+    assert (sim.total("committed"), sim.total("reserved"), sim.available()) == ("20", "0", "80")
     assert "Overrun" in sim.reasons("a")
 
 
@@ -434,15 +436,6 @@ def test_force_settle_charges_a_committed_claim_its_last_accepted_usage() -> Non
     sim.reconcile()
     assert sim.phase("a") is P.CONSUMED
     assert (sim.total("committed"), sim.available()) == ("6", "94")
-
-
-def test_untouched_claims_keep_their_entries_exactly() -> None:
-    sim = Sim().create("a").reconcile()
-    before = sim.entry("a").model_copy(deep=True)
-    from reservoir.core.reconcile import reconcile
-
-    result = reconcile(sim.envelope, sim.status, [], sim.now, untouched=frozenset({"a"}))
-    assert result.status.entries["a"] == before
 
 
 def test_the_next_deadline_is_the_earliest_lease_end() -> None:

@@ -1,9 +1,15 @@
 """A claim's status, derived from its ledger entry: the mirror of the envelope's decision.
-It can always be recomputed, so writing it late or twice is harmless."""
+It can always be recomputed, so writing it late or twice is harmless.
+
+Once a claim has settled, its status is also where the record goes when the ledger
+compacts the entry away: `settled_record` reads it back, and `settled_view` names the
+part of an entry that status carries exactly (the API server keeps `status.settlement`
+from ever changing once written)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.model import (
@@ -24,8 +30,10 @@ def claim_status(
     now: datetime,
     placement: PlacementStatus | None = None,
     deleting: bool = False,
+    problem: str | None = None,
 ) -> BranchClaimStatus:
     previous = previous or BranchClaimStatus()
+    unreadable = [Desired("InvalidSpec", True, "UnreadableSpec", problem)] if problem else []
     if entry is None:
         reason = pending.reason if pending else "Queued"
         message = pending.message if pending else "waiting for the operator"
@@ -34,7 +42,11 @@ def claim_status(
             queue_reason=f"{reason}: {message}",
             conditions=merge_conditions(
                 previous.conditions,
-                [Desired("Reserved", False, reason, message), Desired("Settled", False, "Pending")],
+                [
+                    Desired("Reserved", False, reason, message),
+                    Desired("Settled", False, "Pending"),
+                    *unreadable,
+                ],
                 now,
                 generation,
             ),
@@ -49,10 +61,10 @@ def claim_status(
         lease=_lease(entry),
         placement=placement,
         settlement=entry.settlement,
-        late=entry.late if entry.late and entry.late.count else None,
+        late=entry.late if entry.settlement else None,
         overrun=entry.overrun,
         conditions=merge_conditions(
-            previous.conditions, _conditions(entry, deleting), now, generation
+            previous.conditions, [*_conditions(entry, deleting), *unreadable], now, generation
         ),
         observed_generation=generation,
     )
@@ -107,6 +119,8 @@ def _conditions(entry: LedgerEntry, deleting: bool) -> list[Desired]:
         wanted.append(Desired("LateReport", True, "ReportAfterSettlement"))
     if entry.dispatch_fenced:
         wanted.append(Desired("DispatchRefused", True, "ClaimAlreadySettled"))
+    if entry.pod_started_late:
+        wanted.append(Desired("PodStartedAfterSettlement", True, "LateFact"))
     if deleting and settlement is None:
         wanted.append(
             Desired(
@@ -118,3 +132,53 @@ def _conditions(entry: LedgerEntry, deleting: bool) -> list[Desired]:
             )
         )
     return wanted
+
+
+def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
+    """The part of a settled entry that the claim's status carries exactly."""
+    return (
+        entry.phase,
+        entry.reserved,
+        entry.consumed,
+        entry.released,
+        entry.usage,
+        entry.settlement,
+        entry.late,
+        entry.overrun,
+        entry.dispatch_fenced,
+        entry.pod_started_late,
+        entry.committed_at is not None,
+    )
+
+
+def settled_record(
+    status: BranchClaimStatus | None, uid: str, name: str, attempt: int
+) -> LedgerEntry | None:
+    """The settled entry a claim's status carries, or None if it carries none of its own
+    (not settled, or a settlement whose key names another claim)."""
+    if status is None or status.settlement is None or not status.phase.terminal:
+        return None
+    if not status.settlement.key.startswith(f"{uid}/"):
+        return None
+    true = {c.type: c for c in status.conditions if c.status == "True"}
+    committed = true.get("Committed")
+    lease = status.lease
+    return LedgerEntry(
+        claim=name,
+        attempt=attempt,
+        phase=status.phase,
+        reserved=status.reserved,
+        usage=status.usage,
+        consumed=status.consumed,
+        released=status.released,
+        first_reserved_at=lease.first_reserved_at if lease else None,
+        expires_at=lease.expires_at if lease else None,
+        renewals=lease.renewals if lease else 0,
+        committed_at=committed.last_transition_time if committed else None,
+        cancel_requested="CancelRequested" in true,
+        dispatch_fenced="DispatchRefused" in true,
+        pod_started_late="PodStartedAfterSettlement" in true,
+        overrun=status.overrun,
+        late=status.late,
+        settlement=status.settlement,
+    )

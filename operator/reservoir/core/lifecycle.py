@@ -14,6 +14,16 @@ point, lease lapse before it), a final usage report, or a recorded deadline deci
 Cancel after the commit point is a request, not a release. Terminal states are final: a
 later report is recorded as late and never reopens the settlement.
 
+Decide only on recorded facts. Every fact read here is durable and monotonic: recorded in
+the ledger entry by an earlier pass, or held in a field the API server forbids to go back
+(`dispatch` and `cancel` are separate sticky flags, usage only grows, a final report stays
+final, a pod's binding and start never un-happen, a deletion is never withdrawn). So the
+settlement is the same whether the operator saw every intermediate state or only the last
+one: usage is recorded as a running maximum, an overrun is proof of execution, and
+whatever shows that the branch may have run is read before anything that returns capacity.
+Only the operator's clock (lease ends, deadlines) and its own admissions depend on when it
+looked, and where it cannot tell which came first it holds the capacity.
+
 Every function here is deterministic in its inputs (including `now`), so replaying the
 same facts changes nothing twice.
 """
@@ -25,14 +35,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from reservoir.core.ledger import ZERO, exceeds, subtract
+from reservoir.core.ledger import ZERO, subtract
 from reservoir.core.model import (
     BranchClaimSpec,
     ClaimPhase,
     CommitPoint,
     DeadlineAction,
     EnvelopePolicy,
-    Intent,
     LateReport,
     LedgerEntry,
     Outcome,
@@ -47,11 +56,12 @@ SETTLEMENT_VERSION = 1
 
 @dataclass(frozen=True)
 class PodFacts:
-    """What the claim's workload pod shows (for PodScheduled/PodRunning commit points)."""
+    """What the claim's workload pods show (PodScheduled/PodRunning commit points). Both
+    are facts that never un-happen while the pod exists: a pod that was bound keeps its
+    nodeName, and one that ran stays Running, Succeeded or Failed."""
 
-    scheduled: bool = False
-    running: bool = False
-    gone: bool = False
+    scheduled: bool = False  # bound to a node (or ran)
+    running: bool = False  # started: phase Running, Succeeded or Failed
 
 
 @dataclass(frozen=True)
@@ -64,13 +74,17 @@ class ClaimFacts:
     spec: BranchClaimSpec
     deleting: bool = False
     heartbeat: str | None = None  # opaque token of the lease holder's latest heartbeat
+    heartbeat_holder: str | None = None  # who sent it (the Lease's holderIdentity)
     pod: PodFacts | None = None
-    settled_key: str | None = None  # from claim status, once mirrored
+    # The settlement record the claim's own status carries (see claimstatus.settled_record):
+    # once it does, the ledger may drop the entry and the claim is never admitted again.
+    settled_record: LedgerEntry | None = None
     force_settle: str | None = None  # an operator's audited decision (the annotation's text)
+    problem: str | None = None  # parts of the spec the operator could not read, and why
 
     @property
     def cancelling(self) -> bool:
-        return self.deleting or self.spec.intent is Intent.CANCEL
+        return self.deleting or self.spec.cancel
 
 
 @dataclass(frozen=True)
@@ -119,7 +133,7 @@ def settle(
     """The one settlement: commit C, return R − C. Never applied twice."""
     entry = step.entry
     assert entry.settlement is None and not entry.phase.terminal, "settles at most once"
-    entry.consumed = dict(consumed or {})
+    entry.consumed = {k: v for k, v in (consumed or {}).items() if k in entry.reserved}
     entry.released = subtract(entry.reserved, entry.consumed)
     entry.settlement = Settlement(
         key=settlement_key(step.facts), phase=phase, reason=reason, outcome=outcome, at=step.now
@@ -130,13 +144,20 @@ def settle(
     step.move(phase, reason, message or f"settled: {reason}")
 
 
+def charge(step: Step, reason: str, message: str) -> None:
+    """Settle a committed claim on what is known to be used: C = the recorded usage,
+    R − C returned. Consumed if anything is charged, Released if nothing is."""
+    used = {k: v for k, v in step.entry.usage.items() if v > ZERO}
+    settle(step, ClaimPhase.CONSUMED if used else ClaimPhase.RELEASED, reason, used, None, message)
+
+
 # --- reading the facts -----------------------------------------------------------------
 
 
 def crossed_commit_point(facts: ClaimFacts) -> bool:
     spec, pod = facts.spec, facts.pod
     if spec.commit_point is CommitPoint.DISPATCH:
-        return spec.intent is Intent.DISPATCH
+        return spec.dispatch
     if pod is None:
         return False
     if spec.commit_point is CommitPoint.POD_SCHEDULED:
@@ -144,12 +165,13 @@ def crossed_commit_point(facts: ClaimFacts) -> bool:
     return pod.running
 
 
-def shows_execution(facts: ClaimFacts, usage_accepted: bool) -> bool:
-    """Evidence that work started: usage, a provider's start, a running pod."""
+def shows_execution(facts: ClaimFacts) -> bool:
+    """Evidence that work started: any usage (an overrun too), a provider's start, a pod
+    that ran."""
     spec = facts.spec
-    used = usage_accepted and any(v > ZERO for v in spec.usage.values())
-    pod_running = facts.pod is not None and facts.pod.running
-    return used or pod_running or spec.upstream.state is UpstreamState.RUNNING
+    used = any(v > ZERO for v in spec.usage.values())
+    pod_ran = facts.pod is not None and facts.pod.running
+    return used or pod_ran or spec.upstream.state is UpstreamState.RUNNING
 
 
 def shows_acceptance(facts: ClaimFacts) -> bool:
@@ -157,55 +179,71 @@ def shows_acceptance(facts: ClaimFacts) -> bool:
     return facts.spec.upstream.state in (UpstreamState.ACCEPTED, UpstreamState.RUNNING)
 
 
+def may_have_run(facts: ClaimFacts) -> bool:
+    return crossed_commit_point(facts) or shows_execution(facts) or shows_acceptance(facts)
+
+
 # --- the step --------------------------------------------------------------------------
 
 
 def advance(
-    entry: LedgerEntry, facts: ClaimFacts, policy: EnvelopePolicy, now: datetime
+    entry: LedgerEntry,
+    facts: ClaimFacts,
+    policy: EnvelopePolicy,
+    now: datetime,
+    renewals_open: bool = True,
 ) -> list[LedgerEvent]:
-    """Advance one admitted claim's entry by its facts, in place. Returns what happened."""
+    """Advance one admitted claim's entry by its facts, in place. Returns what happened.
+    `renewals_open` is False when the envelope no longer admits work (closed, expired,
+    deleting): its claims' leases are not extended."""
     step = Step(entry, facts, now)
     if entry.phase.terminal:
         record_after_settlement(step)
         return step.events
 
-    usage_accepted = check_usage(step)
-    if facts.force_settle is not None:
-        force_settle(step, facts.force_settle)
-        return step.events
+    record_usage(step)
     if entry.phase is ClaimPhase.TENTATIVE:
-        advance_tentative(step, usage_accepted)
+        advance_tentative(step)
     # After the commit-point check: a commit seen only after the lease lapsed may have
     # happened before it, so the claim is Detached (held), never Expired (returned).
     expire_lease(step)
-    if entry.phase in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING, ClaimPhase.DETACHED):
-        advance_committed(step, usage_accepted, policy)
+    if entry.phase.committed:
+        advance_committed(step, policy)
+    # A person's decision settles only what the facts above could not.
+    if facts.force_settle is not None and not entry.phase.terminal:
+        force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
-        renew_lease(step, policy)
+        renew_lease(step, policy, renewals_open)
     return step.events
 
 
-def check_usage(step: Step) -> bool:
-    """Accept a cumulative usage report within R; reject (and preserve) one above it."""
+def record_usage(step: Step) -> None:
+    """Record cumulative usage as a running maximum of min(usage, R) per resource, so the
+    record never goes back whatever the operator saw or missed. A report above R is proof
+    that the branch ran: it is charged at most R and the excess is kept as an overrun."""
     entry, spec = step.entry, step.facts.spec
-    over = exceeds(spec.usage, entry.reserved)
-    if over:
-        report = Overrun(usage=dict(spec.usage), final=spec.final, at=step.now)
-        if entry.overrun is None or (entry.overrun.usage, entry.overrun.final) != (
-            report.usage,
-            report.final,
-        ):
-            entry.overrun = report
-            step.note(
-                "Overrun",
-                f"usage above the reservation rejected for {', '.join(over)}: the report is "
-                "kept in status.overrun and the envelope is not overdrawn",
-                warning=True,
-            )
-        return False
-    if spec.usage != entry.usage:
-        entry.usage = dict(spec.usage)
-    return True
+    charged = {k: min(v, entry.reserved.get(k, ZERO)) for k, v in spec.usage.items()}
+    recorded = {
+        k: max(entry.usage.get(k, ZERO), charged.get(k, ZERO))
+        for k in {*entry.usage, *charged}
+        if k in entry.reserved
+    }
+    if recorded != entry.usage:
+        entry.usage = recorded
+    excess = {k: v - entry.reserved.get(k, ZERO) for k, v in spec.usage.items()}
+    excess = {k: v for k, v in excess.items() if v > ZERO}
+    if not excess:
+        return
+    seen = entry.overrun
+    if seen is not None and (seen.usage, seen.final) == (dict(spec.usage), spec.final):
+        return
+    entry.overrun = Overrun(usage=dict(spec.usage), excess=excess, final=spec.final, at=step.now)
+    step.note(
+        "Overrun",
+        f"usage above the reservation for {', '.join(sorted(excess))}: the branch ran; it is "
+        "charged at most its reservation and the excess is kept in status.overrun",
+        warning=True,
+    )
 
 
 def expire_lease(step: Step) -> None:
@@ -214,7 +252,7 @@ def expire_lease(step: Step) -> None:
     entry = step.entry
     if entry.expires_at is None or step.now < entry.expires_at:
         return
-    if entry.phase is ClaimPhase.TENTATIVE and not crossed_commit_point(step.facts):
+    if entry.phase is ClaimPhase.TENTATIVE:
         settle(step, ClaimPhase.EXPIRED, "LeaseExpired", message="lease lapsed before dispatch")
     elif entry.phase in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
         entry.detached_at = step.now
@@ -226,13 +264,12 @@ def expire_lease(step: Step) -> None:
         )
 
 
-def advance_tentative(step: Step, usage_accepted: bool) -> None:
+def advance_tentative(step: Step) -> None:
     entry, facts, spec = step.entry, step.facts, step.facts.spec
-    executed = shows_execution(facts, usage_accepted)
-    if crossed_commit_point(facts) or executed or shows_acceptance(facts):
+    if may_have_run(facts):
         entry.committed_at = step.now
         step.move(ClaimPhase.COMMITTED, "CommitPointReached", "claim committed")
-    elif spec.final and usage_accepted:
+    elif spec.final:
         # A final report without any usage on a claim never dispatched: it did not run.
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
     elif facts.cancelling:
@@ -240,14 +277,14 @@ def advance_tentative(step: Step, usage_accepted: bool) -> None:
         settle(step, ClaimPhase.RELEASED, reason, message="pruned before dispatch: R returned")
 
 
-def advance_committed(step: Step, usage_accepted: bool, policy: EnvelopePolicy) -> None:
+def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
     entry, facts, spec = step.entry, step.facts, step.facts.spec
-    if entry.phase is ClaimPhase.COMMITTED and shows_execution(facts, usage_accepted):
+    if entry.phase is ClaimPhase.COMMITTED and shows_execution(facts):
         entry.started_at = step.now
         step.move(ClaimPhase.RUNNING, "ExecutionStarted", "execution confirmed started")
-    if spec.final and usage_accepted:
+    if spec.final:
         reason = "SettledAfterDetach" if entry.phase is ClaimPhase.DETACHED else "Completed"
-        settle(step, ClaimPhase.CONSUMED, reason, dict(spec.usage), spec.outcome)
+        settle(step, ClaimPhase.CONSUMED, reason, dict(entry.usage), spec.outcome)
         return
     if facts.cancelling and not entry.cancel_requested:
         entry.cancel_requested = True
@@ -284,63 +321,76 @@ def apply_deadline(step: Step, policy: EnvelopePolicy) -> None:
             "as consumed (policy Quarantine)",
         )
     else:
-        settle(
+        charge(
             step,
-            ClaimPhase.RELEASED,
             "AmbiguityDeadlineRelease",
-            message="outcome unknown at the deadline: released by policy Release",
+            "outcome unknown at the deadline: the usage already reported is charged and the "
+            "rest released (policy Release)",
         )
 
 
 def force_settle(step: Step, why: str) -> None:
     """A person's recorded decision for a claim whose facts will never arrive: a committed
-    claim is charged its last accepted usage, an uncommitted one is released."""
-    entry = step.entry
-    if entry.phase.committed:
-        settle(step, ClaimPhase.CONSUMED, "ForceSettled", entry.usage, message=why)
+    claim is charged its recorded usage, an uncommitted one released."""
+    if step.entry.phase.committed:
+        charge(step, "ForceSettled", why)
     else:
         settle(step, ClaimPhase.RELEASED, "ForceSettled", message=why)
     step.note("ForceSettled", f"settled by annotation: {why}", warning=True)
 
 
-def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
-    """A new heartbeat token from the holder asks for a renewal; the operator decides."""
+def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None:
+    """A new heartbeat token from the holder asks for a renewal; the operator decides.
+    Renewal stops when the branch is cancelled, its envelope stops admitting work, or the
+    heartbeat comes from someone other than the claim's named holder."""
     entry, facts = step.entry, step.facts
     if facts.heartbeat is None or facts.heartbeat == entry.heartbeat:
         return
     entry.heartbeat = facts.heartbeat
+    holder = facts.spec.lease.holder
     if entry.phase is ClaimPhase.DETACHED:
-        step.note(
-            "RenewalRefused",
-            "the lease already lapsed: a Detached claim is not re-attached by a heartbeat",
-            warning=True,
-        )
-        return
-    decision = renewal(entry, step.now, facts.spec.lease.duration_seconds, policy)
-    if decision.granted:
-        entry.expires_at = decision.expires_at
-        entry.renewals += 1
+        refusal = "LeaseLapsed", "a Detached claim is not re-attached by a heartbeat"
+    elif facts.cancelling:
+        refusal = "Cancelled", "the branch is cancelled: its lease is not extended"
+    elif not renewals_open:
+        refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
+    elif holder is not None and facts.heartbeat_holder != holder:
+        refusal = "NotHolder", f"the Lease is held by {facts.heartbeat_holder!r}, not {holder!r}"
     else:
-        step.note("RenewalRefused", f"{decision.reason}: {decision.message}", warning=True)
+        decision = renewal(entry, step.now, facts.spec.lease.duration_seconds, policy)
+        if decision.granted:
+            if decision.expires_at != entry.expires_at:
+                entry.expires_at = decision.expires_at
+                entry.renewals += 1
+            return
+        refusal = decision.reason, decision.message
+    step.note("RenewalRefused", f"{refusal[0]}: {refusal[1]}", warning=True)
 
 
 def record_after_settlement(step: Step) -> None:
-    """After settlement only records: late reports and fenced dispatches."""
-    entry, spec = step.entry, step.facts.spec
+    """After settlement only records: late reports, fenced dispatches and pods that
+    started anyway. None of them reopens the settlement."""
+    entry, facts = step.entry, step.facts
+    spec = facts.spec
     settled = entry.settlement
     assert settled is not None
-    never_ran = settled.phase in (ClaimPhase.RELEASED, ClaimPhase.EXPIRED, ClaimPhase.REJECTED)
-    if (
-        spec.intent is Intent.DISPATCH
-        and never_ran
-        and entry.committed_at is None
-        and not entry.dispatch_fenced
-    ):
+    never_ran = entry.committed_at is None
+    if spec.dispatch and never_ran and not entry.dispatch_fenced:
         entry.dispatch_fenced = True
         step.note(
             "DispatchRefused",
             f"the claim already settled as {settled.phase.value}: do not start this branch; "
             "create a new claim (new attempt) instead",
+            warning=True,
+        )
+    pod = facts.pod
+    pod_started = pod is not None and (pod.scheduled or pod.running)
+    if pod_started and never_ran and not entry.pod_started_late:
+        entry.pod_started_late = True
+        step.note(
+            "PodStartedAfterSettlement",
+            f"a workload pod was bound or ran after the claim settled as "
+            f"{settled.phase.value}: recorded; the settlement is not reopened",
             warning=True,
         )
     late = entry.late or LateReport()

@@ -62,16 +62,22 @@ QUANTITY_BOUND_RULE: JsonDict = {
 }
 
 
-def resource_map(description: str, *rules: JsonDict) -> Any:
-    """A bounded map of resource name to quantity, e.g. {"tokens": "20k"}."""
-    return Field(
-        default_factory=dict,
-        description=description,
-        json_schema_extra={
-            "maxProperties": MAX_RESOURCES,
-            "x-kubernetes-validations": [RESOURCE_NAME_RULE, QUANTITY_BOUND_RULE, *rules],
-        },
-    )
+def resource_map(description: str, *rules: JsonDict, required: bool = False) -> Any:
+    """A bounded map of resource name to quantity, e.g. {"tokens": "20k"}.
+
+    A map with a transition rule (one that reads oldSelf) is either required or defaults
+    to `{}` in the schema: the API server fills a removed map back in before validation,
+    so the rule cannot be skipped by deleting the field (a transition rule only runs when
+    both the old and the new value exist)."""
+    extra: JsonDict = {
+        "maxProperties": MAX_RESOURCES,
+        "x-kubernetes-validations": [RESOURCE_NAME_RULE, QUANTITY_BOUND_RULE, *rules],
+    }
+    if not required and any("oldSelf" in str(rule.get("rule")) for rule in rules):
+        extra["default"] = {}
+    if required:
+        return Field(description=description, json_schema_extra={**extra, "minProperties": 1})
+    return Field(default_factory=dict, description=description, json_schema_extra=extra)
 
 
 ResourceMap = dict[str, Quantity]
@@ -92,14 +98,6 @@ class Model(BaseModel):
 
 
 # --- enums -----------------------------------------------------------------------------
-
-
-class Intent(StrEnum):
-    """What the orchestrator declares about a branch. It only ever moves forward."""
-
-    HOLD = "Hold"
-    DISPATCH = "Dispatch"
-    CANCEL = "Cancel"
 
 
 class CommitPoint(StrEnum):
@@ -253,12 +251,14 @@ class ReservationEnvelopeSpec(Model):
 
     capacity: ResourceMap = resource_map(
         "The budget, per resource: {tokens: 100k, cost: '12.50', nvidia.com/gpu: 8}. "
-        "A dimension may grow, never shrink or disappear.",
+        "Required, with at least one resource. A dimension may grow or be added, never "
+        "shrink or disappear.",
         {
             "rule": "oldSelf.all(k, k in self && "
             "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
             "message": "capacity may grow but never shrink or lose a resource",
         },
+        required=True,
     )
     state: EnvelopeState = Field(
         default=EnvelopeState.OPEN,
@@ -282,6 +282,14 @@ class ReservationEnvelopeSpec(Model):
     )
     policy: EnvelopePolicy = Field(
         default_factory=EnvelopePolicy, description="Admission, lease and deadline policy."
+    )
+    settled_claim_ttl_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_SECONDS,
+        description="The operator deletes a settled claim this long after its settlement "
+        "(the claim's status keeps the record until then). Unset: settled claims stay until "
+        "someone deletes them.",
     )
 
 
@@ -327,11 +335,14 @@ class LateReport(Model):
 
 
 class Overrun(Model):
-    """A usage report above the reservation: rejected, and preserved here."""
+    """A usage report above the reservation. It proves the branch ran, so the claim is
+    charged at most R (min(usage, R) per resource) and the excess is recorded here, never
+    taken from the envelope."""
 
-    usage: ResourceMap = resource_map("The rejected cumulative usage, as reported.")
-    final: bool = Field(default=False, description="Whether the rejected report was final.")
-    at: datetime = Field(description="When it was rejected.")
+    usage: ResourceMap = resource_map("The cumulative usage as reported.")
+    excess: ResourceMap = resource_map("What the report exceeds the reservation by.")
+    final: bool = Field(default=False, description="Whether the report was final.")
+    at: datetime = Field(description="When the operator first saw it.")
 
 
 class LedgerEntry(Model):
@@ -366,13 +377,17 @@ class LedgerEntry(Model):
     cancel_requested: bool = Field(
         default=False, description="Cancel (or deletion) was asked after the commit point."
     )
+    pod_started_late: bool = Field(
+        default=False,
+        description="A workload pod was bound or ran after the claim settled (a late fact).",
+    )
     deadline_action: DeadlineAction | None = Field(
         default=None, description="The ambiguity-deadline decision taken, once taken."
     )
     dispatch_fenced: bool = Field(
         default=False, description="A Dispatch arrived after settlement and was refused."
     )
-    overrun: Overrun | None = Field(default=None, description="A rejected over-usage report.")
+    overrun: Overrun | None = Field(default=None, description="A report above the reservation.")
     late: LateReport | None = Field(default=None, description="Reports after settlement.")
     settlement: Settlement | None = Field(default=None, description="Set once, when settled.")
 
@@ -409,8 +424,8 @@ class ReservationEnvelopeStatus(Model):
     )
     entries: dict[str, LedgerEntry] = Field(
         default_factory=dict,
-        description="Ledger entries keyed by claim UID (settled entries are pruned once "
-        "their claim is gone).",
+        description="Ledger entries keyed by claim UID. A settled entry is compacted away "
+        "once its claim's status carries the settlement (or the claim is gone).",
         json_schema_extra={"maxProperties": MAX_LEDGER_ENTRIES},
     )
     counts: dict[str, int] = Field(
@@ -454,10 +469,14 @@ class LeaseSettings(Model):
         default=None,
         ge=1,
         le=MAX_SECONDS,
-        description="Lease length asked for per reservation/renewal; capped by the envelope.",
+        description="Lease length asked for per reservation/renewal. It may only shorten the "
+        "envelope's defaultLeaseSeconds, never lengthen it.",
     )
     holder: str | None = Field(
-        default=None, max_length=MAX_NAME_LENGTH, description="The worker holding the lease."
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        description="The worker holding the lease. When set, only heartbeats from this "
+        "holder (the Lease's holderIdentity) renew the claim.",
     )
 
 
@@ -488,8 +507,40 @@ def immutable(what: str) -> JsonDict:
     return {"x-kubernetes-validations": [{"rule": "self == oldSelf", "message": f"{what}"}]}
 
 
+# A spec's execution facts (usage and the provider's state) are what they were: read by the
+# rule below and by the admission policy for claims being deleted (reservoir.crdgen).
+EXECUTION_FACTS_UNCHANGED = (
+    "(has(self.usage) ? self.usage : {}) == (has(oldSelf.usage) ? oldSelf.usage : {}) && "
+    "(has(self.upstream) && has(self.upstream.state) ? self.upstream.state : '') == "
+    "(has(oldSelf.upstream) && has(oldSelf.upstream.state) ? oldSelf.upstream.state : '')"
+)
+
 # Rules over several fields of a claim's spec, checked by the API server (with oldSelf).
+# Every field they read has a schema default or is required, and each rule also reads
+# absent fields as their default through has(): removing a field cannot skip a rule.
 CLAIM_SPEC_RULES: list[JsonValue] = [
+    {
+        "rule": "!(has(oldSelf.dispatch) && oldSelf.dispatch) || "
+        "(has(self.dispatch) && self.dispatch)",
+        "message": "dispatch is a fact: once true it stays true",
+    },
+    {
+        "rule": "!(has(oldSelf.cancel) && oldSelf.cancel) || (has(self.cancel) && self.cancel)",
+        "message": "cancel is a fact: once true it stays true",
+    },
+    {
+        "rule": "!(has(oldSelf.cancel) && oldSelf.cancel) || "
+        "(has(self.dispatch) && self.dispatch) == (has(oldSelf.dispatch) && oldSelf.dispatch)",
+        "message": "a cancelled branch cannot be dispatched: create a new claim (new attempt)",
+    },
+    {
+        "rule": "!(has(oldSelf.cancel) && oldSelf.cancel) || "
+        "(has(oldSelf.dispatch) && oldSelf.dispatch) || "
+        "(has(oldSelf.commitPoint) && oldSelf.commitPoint != 'Dispatch') || "
+        f"({EXECUTION_FACTS_UNCHANGED})",
+        "message": "a branch cancelled before dispatch never ran: it cannot report usage or "
+        "a provider start",
+    },
     {
         "rule": "!has(self.final) || !self.final || has(self.outcome)",
         "message": "a final report needs an outcome (Succeeded, Failed or Cancelled)",
@@ -538,8 +589,9 @@ class BranchClaimSpec(Model):
         ),
     )
     requests: ResourceMap = resource_map(
-        "What to reserve, per resource of the envelope: {tokens: 20k}.",
+        "What to reserve, per resource of the envelope: {tokens: 20k}. Immutable.",
         {"rule": "self == oldSelf", "message": "requests are immutable after creation"},
+        required=True,
     )
     priority: int = Field(
         default=0,
@@ -549,30 +601,30 @@ class BranchClaimSpec(Model):
     )
     commit_point: CommitPoint = Field(
         default=CommitPoint.DISPATCH,
-        description="Dispatch: the claim commits when intent becomes Dispatch. "
+        description="Dispatch: the claim commits when spec.dispatch becomes true. "
         "PodScheduled/PodRunning: when its workload pod binds/starts.",
     )
     lease: LeaseSettings = Field(default_factory=LeaseSettings, description="Lease settings.")
     placement: Placement | None = Field(
         default=None, description="Placement hints for physical resources (GPUs)."
     )
-    intent: Intent = Field(
-        default=Intent.HOLD,
-        description="Hold: reserve only. Dispatch: the branch is sent (commit point). "
-        "Cancel: prune it. Moves only forward.",
-        json_schema_extra={
-            "x-kubernetes-validations": [
-                {
-                    "rule": "self == oldSelf || oldSelf == 'Hold' || "
-                    "(oldSelf == 'Dispatch' && self == 'Cancel')",
-                    "message": "intent only moves forward: Hold → Dispatch → Cancel, "
-                    "or Hold → Cancel",
-                }
-            ]
-        },
+    dispatch: bool = Field(
+        default=False,
+        description="True once the branch is sent: the commit point when commitPoint is "
+        "Dispatch. A fact, so it never goes back to false, and a cancelled branch cannot be "
+        "dispatched. Dispatch and cancel are separate facts: both true means the branch was "
+        "dispatched first, so its capacity waits for the final usage report.",
+    )
+    cancel: bool = Field(
+        default=False,
+        description="True to prune the branch. Before the commit point the reservation is "
+        "released at once; after it, this is only a request and the capacity waits for the "
+        "final usage report or the ambiguity deadline. Never goes back to false.",
     )
     usage: ResourceMap = resource_map(
-        "Cumulative usage so far, per resource (never a delta).",
+        "Cumulative usage so far, per resource (never a delta). A resource may not decrease "
+        "or disappear. Usage above the reservation proves the branch ran: the claim is "
+        "charged at most its reservation and the excess is recorded as an overrun.",
         {
             "rule": "oldSelf.all(k, k in self && "
             "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
@@ -589,6 +641,12 @@ class BranchClaimSpec(Model):
     upstream: Upstream = Field(
         default_factory=Upstream, description="The provider operation this branch runs as."
     )
+
+    @property
+    def declared(self) -> str:
+        """The declared facts in a word: Hold, Dispatch, Cancel or Dispatch+Cancel."""
+        facts = [word for word, on in (("Dispatch", self.dispatch), ("Cancel", self.cancel)) if on]
+        return "+".join(facts) or "Hold"
 
 
 class LeaseStatus(Model):
@@ -621,7 +679,7 @@ class BranchClaimStatus(Model):
     placement: PlacementStatus | None = Field(default=None, description="Node placement.")
     settlement: Settlement | None = Field(default=None, description="The settlement record.")
     late: LateReport | None = Field(default=None, description="Reports after settlement.")
-    overrun: Overrun | None = Field(default=None, description="Rejected over-usage report.")
+    overrun: Overrun | None = Field(default=None, description="Usage above the reservation.")
     queue_reason: str | None = Field(
         default=None, max_length=1024, description="Why the claim is still Pending."
     )

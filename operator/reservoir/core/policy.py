@@ -108,9 +108,10 @@ def queue_expired(created_at: datetime, now: datetime, policy: EnvelopePolicy) -
 
 
 def lease_seconds(requested: int | None, policy: EnvelopePolicy) -> int:
-    """The lease a claim gets: what it asked for, else the envelope default; never longer
-    than the claim's maximum lifetime."""
-    return min(requested or policy.default_lease_seconds, policy.max_claim_lifetime_seconds)
+    """The lease a claim gets: the envelope default, or less if the claim asks for less;
+    never longer than the claim's maximum lifetime."""
+    asked = min(requested or policy.default_lease_seconds, policy.default_lease_seconds)
+    return min(asked, policy.max_claim_lifetime_seconds)
 
 
 def first_expiry(now: datetime, requested: int | None, policy: EnvelopePolicy) -> datetime:

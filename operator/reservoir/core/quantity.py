@@ -27,9 +27,30 @@ __all__ = [
 
 ResourceMap = dict[str, Decimal]
 
-# The syntax the CRD schema enforces too (see reservoir.crdgen): a non-negative number
-# followed by a binary-SI, decimal-SI or decimal-exponent suffix.
-QUANTITY_PATTERN = r"^([0-9]+(\.[0-9]+)?|\.[0-9]+)([KMGTPE]i|[numkMGTPE]|[eE][+-]?[0-9]{1,2})?$"
+
+# The one definition of what a quantity may look like, shared by this parser and the CRD
+# schema (see reservoir.core.model): a non-negative number and an optional suffix, with no
+# more fractional digits than keep the value exact to the nano (1e-9), the API server's
+# own precision. So `0.5m` (5e-4) is fine, `0.0000005m` (5e-10) is not, and exponents are
+# never negative (write `1m`, not `1e-3`). Whatever the schema accepts, the operator reads.
+def _number(digits: int) -> str:
+    if digits == 0:
+        return "[0-9]+"
+    return f"([0-9]+(\\.[0-9]{{1,{digits}}})?|\\.[0-9]{{1,{digits}}})"
+
+
+QUANTITY_PATTERN = (
+    "^("
+    + "|".join(
+        [
+            _number(9) + "([KMGTPE]i|[kMGTPE]|[eE][+]?[0-9]{1,2})?",
+            _number(6) + "m",
+            _number(3) + "u",
+            _number(0) + "n",
+        ]
+    )
+    + ")$"
+)
 _QUANTITY = re.compile(QUANTITY_PATTERN)
 
 _SUFFIX: dict[str, Decimal] = {
@@ -74,12 +95,12 @@ def parse_quantity(value: str | int | Decimal) -> Decimal:
         if match is None:
             raise QuantityError(
                 f"{value!r} is not a non-negative Kubernetes quantity "
-                "(examples: 8, 20k, 1.5Gi, 250m, 12.50)"
+                "with at most nine decimal places once its unit is applied "
+                "(examples: 8, 20k, 1.5Gi, 250m, 12.50, 1e3)"
             )
-        suffix = match.group(3) or ""
-        mantissa = text[: len(text) - len(suffix)]
+        mantissa, suffix = _split(text)
         with localcontext(_EXACT):
-            if suffix[:1] in ("e", "E"):
+            if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+").isdigit():
                 number = Decimal(mantissa).scaleb(int(suffix[1:]))
             else:
                 number = Decimal(mantissa) * _SUFFIX[suffix]
@@ -94,6 +115,14 @@ def parse_quantity(value: str | int | Decimal) -> Decimal:
     if isinstance(exponent, int) and exponent < -9:
         raise QuantityError(f"{value!r} has more than nine fractional digits (nano precision)")
     return normal
+
+
+def _split(text: str) -> tuple[str, str]:
+    """`1.5Gi` → (`1.5`, `Gi`); `2e3` → (`2`, `e3`); `1E` → (`1`, `E`), an exa."""
+    end = 0
+    while end < len(text) and (text[end].isdigit() or text[end] == "."):
+        end += 1
+    return text[:end], text[end:]
 
 
 def _normalize(number: Decimal) -> Decimal:

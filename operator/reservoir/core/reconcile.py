@@ -2,17 +2,29 @@
 compute the next ledger. Level-triggered and idempotent: the result depends only on the
 inputs, and feeding it back with the same facts changes nothing.
 
+Decide only on recorded facts (see reservoir.core.lifecycle): the ledger passed in is the
+durable record, the claims' facts are read as monotonic, and a claim missing from the
+facts has been confirmed gone by the caller. A claim that vanished keeps the usage its
+entry recorded; its settlement then waits for its facts (deadline) or for a person's
+decision named on the envelope (`force_settle_gone`).
+
+The ledger stays bounded: a settled entry is compacted away once its claim's own status
+carries the same record (`ClaimFacts.settled_record`), and a claim that never held
+anything gets an entry only while the ledger has plenty of room; otherwise its verdict
+lives in its status alone (`Reconciliation.off_ledger`).
+
 The operator calls this once per batch of claim events (group commit) and writes the
 result with one compare-and-swap; on a conflict it re-reads and calls it again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import add, compute_totals, render, subtract
 from reservoir.core.lifecycle import (
@@ -24,13 +36,13 @@ from reservoir.core.lifecycle import (
     settle,
 )
 from reservoir.core.model import (
+    MAX_LEDGER_ENTRIES,
     BranchClaimSpec,
     ClaimPhase,
     EnvelopePhase,
     EnvelopeState,
     EnvelopeSummary,
     Fallback,
-    Intent,
     LedgerEntry,
     Overrun,
     ReservationEnvelopeSpec,
@@ -46,6 +58,10 @@ from reservoir.core.policy import (
     request_problem,
 )
 
+# Claims that never held anything get a ledger entry only while the ledger is at most half
+# full, so rejections can never crowd out admissions (live claims are capped at half).
+UNADMITTED_ENTRIES_ROOM = MAX_LEDGER_ENTRIES // 2
+
 
 @dataclass(frozen=True)
 class EnvelopeFacts:
@@ -53,6 +69,8 @@ class EnvelopeFacts:
     created_at: datetime
     generation: int = 1
     deleting: bool = False
+    # claim name or UID -> a person's audited reason, for entries whose claim object is gone
+    force_settle_gone: Mapping[str, str] = field(default_factory=dict)
 
     def expired(self, now: datetime) -> bool:
         lifetime = self.spec.lifetime_seconds
@@ -68,10 +86,13 @@ class Reconciliation:
     now: datetime
     events: list[LedgerEvent] = field(default_factory=list)
     pending: dict[str, Admission] = field(default_factory=dict)  # claim uid -> why waiting
+    # settled claims whose record lives in their own status, not the ledger: uid -> record
+    off_ledger: dict[str, LedgerEntry] = field(default_factory=dict)
+    expired_claims: list[str] = field(default_factory=list)  # names past the settled TTL
     wake_at: datetime | None = None  # when to reconcile again even without new facts
 
     def entry(self, uid: str) -> LedgerEntry | None:
-        return self.status.entries.get(uid)
+        return self.status.entries.get(uid) or self.off_ledger.get(uid)
 
 
 def reconcile(
@@ -79,34 +100,41 @@ def reconcile(
     status: ReservationEnvelopeStatus,
     claims: Sequence[ClaimFacts],
     now: datetime,
-    untouched: frozenset[str] = frozenset(),
 ) -> Reconciliation:
-    """`untouched` names claims whose facts cannot be read right now (say, a spec the
-    operator cannot parse): their entries are left exactly as they are."""
     result = Reconciliation(status=status.model_copy(deep=True), now=now)
     ledger = result.status
     policy = envelope.spec.policy
+    renewals_open = envelope.accepting(now)
     facts_by_uid = {c.uid: _effective(c, envelope) for c in claims}
     committed = dict(ledger.totals.committed)
 
-    # 1. Advance every admitted claim by its facts; claims gone without settling are
-    #    treated as deleted (a claim's finalizer normally prevents that).
+    # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
+    #    (its finalizer removed by hand) is advanced on what its entry recorded.
     for uid, entry in list(ledger.entries.items()):
-        if uid in untouched:
-            continue
         facts = facts_by_uid.get(uid)
         if facts is None:
             if entry.phase.terminal:
                 continue  # settled and gone: pruned below
-            facts = _gone(uid, entry)
+            facts = _gone(uid, entry, envelope)
         was_settled = entry.settlement is not None
-        result.events += advance(entry, facts, policy, now)
+        result.events += advance(entry, facts, policy, now, renewals_open)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
 
-    # 2. Admit waiting claims in queue order.
+    # 2. Settled claims whose record moved to their own status: only late facts remain.
+    for facts in facts_by_uid.values():
+        record = facts.settled_record
+        if facts.uid in ledger.entries or record is None:
+            continue
+        record = record.model_copy(deep=True)
+        events = advance(record, facts, policy, now)
+        if events:
+            result.events += events
+            result.off_ledger[facts.uid] = record
+
+    # 3. Admit waiting claims in queue order.
     waiting = [
-        c for c in facts_by_uid.values() if c.uid not in ledger.entries and not c.settled_key
+        c for c in facts_by_uid.values() if c.uid not in ledger.entries and c.settled_record is None
     ]
     waiting.sort(key=lambda c: QueueKey(c.spec.priority, c.created_at, c.name, c.uid).sort_key())
     blocked_by: str | None = None
@@ -114,15 +142,51 @@ def reconcile(
     for facts in waiting:
         blocked_by = _admit_one(result, envelope, facts, balance, blocked_by, now)
 
-    # 3. Forget settled entries whose claims are gone.
+    # 4. Compact: a settled entry leaves the ledger once its claim's status carries the
+    #    same record, or once the claim is gone.
     for uid in [u for u, e in ledger.entries.items() if e.phase.terminal]:
-        if uid not in facts_by_uid and uid not in untouched:
+        facts = facts_by_uid.get(uid)
+        if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
     ledger.totals = compute_totals(envelope.spec.capacity, committed, ledger.entries.values())
     _envelope_lifecycle(result, envelope, now)
-    result.wake_at = next_deadline(result, envelope, waiting)
+    ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
+    result.wake_at = min(
+        (m for m in (next_deadline(result, envelope, waiting), ttl_moment) if m is not None),
+        default=None,
+    )
     return result
+
+
+def _carries(facts: ClaimFacts, entry: LedgerEntry) -> bool:
+    """The claim's status holds this settled entry's whole record."""
+    record = facts.settled_record
+    return record is not None and settled_view(record) == settled_view(entry)
+
+
+def _settled_ttl(
+    result: Reconciliation,
+    envelope: EnvelopeFacts,
+    claims: Iterable[ClaimFacts],
+    now: datetime,
+) -> datetime | None:
+    """Names the settled claims past the envelope's settledClaimTTLSeconds (the operator
+    deletes them) and returns when the next one will be."""
+    ttl = envelope.spec.settled_claim_ttl_seconds
+    if ttl is None:
+        return None
+    upcoming: list[datetime] = []
+    for facts in claims:
+        record = result.status.entries.get(facts.uid) or facts.settled_record
+        if facts.deleting or record is None or record.settlement is None:
+            continue
+        due = record.settlement.at + timedelta(seconds=ttl)
+        if due <= now:
+            result.expired_claims.append(facts.name)
+        else:
+            upcoming.append(due)
+    return min(upcoming, default=None)
 
 
 def next_deadline(
@@ -153,16 +217,26 @@ def _effective(facts: ClaimFacts, envelope: EnvelopeFacts) -> ClaimFacts:
     return facts
 
 
-def _gone(uid: str, entry: LedgerEntry) -> ClaimFacts:
+def _gone(uid: str, entry: LedgerEntry, envelope: EnvelopeFacts) -> ClaimFacts:
+    """Stand-in facts for a claim whose object is gone: exactly what its entry recorded
+    (a commit stays a commit, recorded usage stays recorded), deleted, and settled by a
+    person only if the envelope names it."""
     spec = BranchClaimSpec(
-        envelope="-", attempt=entry.attempt, requests=entry.reserved, intent=Intent.CANCEL
+        envelope="-",
+        attempt=entry.attempt,
+        requests=entry.reserved,
+        dispatch=entry.committed_at is not None,
+        cancel=True,
+        usage=entry.usage,
     )
+    gone_reason = envelope.force_settle_gone
     return ClaimFacts(
         uid=uid,
         name=entry.claim,
         created_at=entry.first_reserved_at or datetime.min.replace(tzinfo=UTC),
         spec=spec,
         deleting=True,
+        force_settle=gone_reason.get(uid, gone_reason.get(entry.claim)),
     )
 
 
@@ -179,14 +253,19 @@ def _new_entry(facts: ClaimFacts, reserved: dict[str, Decimal]) -> LedgerEntry:
 def _close_unadmitted(
     result: Reconciliation, facts: ClaimFacts, phase: ClaimPhase, reason: str, message: str
 ) -> None:
-    """Settle a claim that never held anything (rejected, or cancelled while waiting)."""
+    """Settle a claim that never held anything (rejected, or cancelled while waiting). It
+    gets a ledger entry only while there is plenty of room; otherwise the verdict is
+    recorded in the claim's status alone: it moves no capacity either way."""
     entry = _new_entry(facts, {})
     step = Step(entry, facts, result.now)
     settle(step, phase, reason, message=message, outcome=facts.spec.outcome)
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
     record_after_settlement(step)
-    result.status.entries[facts.uid] = entry
+    if len(result.status.entries) < UNADMITTED_ENTRIES_ROOM:
+        result.status.entries[facts.uid] = entry
+    else:
+        result.off_ledger[facts.uid] = entry
     result.events += step.events
 
 
@@ -214,15 +293,20 @@ def _admit_one(
             result, facts, ClaimPhase.REJECTED, "EnvelopeClosed", "the envelope admits no claims"
         )
         return blocked_by
+    if facts.problem is not None:
+        result.pending[facts.uid] = Admission(False, "InvalidSpec", facts.problem)
+        return blocked_by
     if spec.final:
         _close_unadmitted(
             result, facts, ClaimPhase.RELEASED, "FinishedBeforeAdmission", "finished unadmitted"
         )
-        if any(spec.usage.values()):
+        used = {k: v for k, v in spec.usage.items() if v}
+        if used:
             # Work that ran without ever holding a reservation: the envelope is not
             # overdrawn for it, and the report is kept as an overrun for people to see.
-            entry = result.status.entries[facts.uid]
-            entry.overrun = Overrun(usage=dict(spec.usage), final=True, at=now)
+            entry = result.entry(facts.uid)
+            assert entry is not None
+            entry.overrun = Overrun(usage=dict(spec.usage), excess=used, final=True, at=now)
             result.events.append(
                 LedgerEvent(
                     facts.uid, facts.name, "Overrun",
@@ -253,7 +337,7 @@ def _admit_one(
         available,
         live,
         len(entries),
-        will_be_tentative=spec.intent is Intent.HOLD,
+        will_be_tentative=not spec.dispatch,
         policy=policy,
     )
     if not decision.admitted:
@@ -276,7 +360,7 @@ def _admit_one(
         LedgerEvent(facts.uid, facts.name, "Reserved", "capacity reserved", False, entry.phase)
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
-    result.events += advance(entry, facts, policy, now)
+    result.events += advance(entry, facts, policy, now, envelope.accepting(now))
     return blocked_by
 
 

@@ -10,6 +10,7 @@ from lightkube.types import PatchType
 
 from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
+from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
 from reservoir.services import Services
 
@@ -88,7 +89,10 @@ async def settle_before_removal(
     at once before the commit point, after the final report (or deadline) after it."""
     assert namespace is not None
     services: Services = memo.services
-    result = await services.writer.reconcile_once(namespace, spec.get("envelope", ""))
+    try:
+        result = await services.writer.reconcile_once(namespace, spec.get("envelope", ""))
+    except LedgerStuckError as error:
+        raise kopf.TemporaryError(f"the envelope's ledger cannot move: {error}", delay=30) from None
     if result is None:
         return  # no envelope: this claim never held anything
     entry = result.entry(uid)

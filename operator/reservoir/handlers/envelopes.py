@@ -10,6 +10,7 @@ import kopf
 from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION
 from reservoir.k8s.clock import utcnow
+from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.services import Services
 
 ENVELOPES = (API_GROUP, API_VERSION, "reservationenvelopes")
@@ -37,6 +38,9 @@ async def keep_the_ledger(
             result = await services.writer.reconcile_once(namespace, name)
             if result is not None and result.wake_at is not None:
                 wake_in = (result.wake_at - utcnow()).total_seconds() + 0.05
+        except LedgerStuckError as error:  # reported on the envelope; look again later
+            logger.warning("%s", error)
+            wake_in = IDLE_WAKEUP_SECONDS
         except Exception:  # never let one bad reconcile stop the envelope's writer
             logger.exception("reconciling the ledger failed; retrying")
             wake_in = 2.0
@@ -50,7 +54,10 @@ async def settle_children_before_removal(
     """Deleting an envelope cancels its children first; it goes only once all settled."""
     assert namespace is not None
     services: Services = memo.services
-    result = await services.writer.reconcile_once(namespace, name)
+    try:
+        result = await services.writer.reconcile_once(namespace, name)
+    except LedgerStuckError as error:
+        raise kopf.TemporaryError(f"the ledger cannot move: {error}", delay=30) from None
     if result is None:
         return
     live = [e.claim for e in result.status.entries.values() if not e.phase.terminal]

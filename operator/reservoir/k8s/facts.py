@@ -1,4 +1,10 @@
-"""Read what the API says about an envelope and its claims into the core's facts."""
+"""Read what the API says about an envelope and its claims into the core's facts.
+
+Every fact is read so that it can only move forward: a pod counts as bound or started if
+it ever was (nodeName set; phase Running, Succeeded or Failed), and a spec part the
+operator cannot read is left out (the ledger keeps what it recorded) rather than freezing
+the claim: deadlines, force-settle and deletion go on working.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from reservoir.core.claimstatus import settled_record
 from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
@@ -17,7 +24,9 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
 )
 from reservoir.core.reconcile import EnvelopeFacts
-from reservoir.k8s.resources import FORCE_SETTLE_ANNOTATION
+from reservoir.k8s.resources import FORCE_SETTLE_ANNOTATION, FORCE_SETTLE_GONE_ANNOTATION
+
+MAX_UNREADABLE_PARTS = 32
 
 
 def parse_time(value: str | datetime) -> datetime:
@@ -36,23 +45,95 @@ def as_dict(obj: Any) -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class InvalidClaim:
-    """A claim whose spec the operator cannot read: recorded, never acted upon."""
+    """A claim the operator cannot read at all (no spec it can make sense of)."""
 
     uid: str
     name: str
     problem: str
 
 
+class UnreadableEnvelopeError(ValueError):
+    """An envelope whose spec or ledger the operator cannot read: reported, never guessed."""
+
+
 def envelope_facts(envelope: Mapping[str, Any]) -> tuple[EnvelopeFacts, ReservationEnvelopeStatus]:
     meta = envelope["metadata"]
+    try:
+        spec = ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {})
+        status = ReservationEnvelopeStatus.model_validate(envelope.get("status") or {})
+    except ValidationError as error:
+        raise UnreadableEnvelopeError(_describe(error)) from None
     facts = EnvelopeFacts(
-        spec=ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {}),
+        spec=spec,
         created_at=parse_time(meta["creationTimestamp"]),
         generation=int(meta.get("generation", 1)),
         deleting=bool(meta.get("deletionTimestamp")),
+        force_settle_gone=force_settle_gone(meta.get("annotations") or {}),
     )
-    status = ReservationEnvelopeStatus.model_validate(envelope.get("status") or {})
     return facts, status
+
+
+def force_settle_gone(annotations: Mapping[str, str]) -> dict[str, str]:
+    """`reservoir.dev/force-settle-gone`: one `CLAIM: reason` per line, CLAIM a claim's
+    name or UID, for ledger entries whose claim object is gone."""
+    named: dict[str, str] = {}
+    for line in (annotations.get(FORCE_SETTLE_GONE_ANNOTATION) or "").splitlines():
+        claim, _, reason = line.partition(":")
+        if claim.strip():
+            named[claim.strip()] = reason.strip() or "settled by envelope annotation"
+    return named
+
+
+def _describe(error: ValidationError) -> str:
+    problem = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+    return problem[:900]
+
+
+def readable_spec(raw: Mapping[str, Any]) -> tuple[BranchClaimSpec, str | None]:
+    """The claim's spec, minus the parts that cannot be read. A usage report with an
+    unreadable quantity is not a final report: what cannot be read cannot be settled on.
+    Raises ValidationError if nothing sensible is left (say, no envelope)."""
+    spec = dict(raw)
+    problems: list[str] = []
+    for _ in range(MAX_UNREADABLE_PARTS):
+        try:
+            parsed = BranchClaimSpec.model_validate(spec)
+        except ValidationError as error:
+            problems.append(_describe(error))
+            if not _drop_unreadable(spec, error):
+                raise
+            continue
+        return parsed, ("; ".join(problems)[:900] if problems else None)
+    return BranchClaimSpec.model_validate(spec), "; ".join(problems)[:900]
+
+
+def _drop_unreadable(spec: dict[str, Any], error: ValidationError) -> bool:
+    """Remove what the error points at from `spec` (copying the dicts on the way, so the
+    caller's object is untouched). False if nothing more can go."""
+    dropped = False
+    for problem in error.errors():
+        loc = [str(p) for p in problem["loc"]]
+        if not loc or loc[0] in ("envelope", "requests", "attempt"):
+            continue  # without these there is no claim to speak of
+        if loc[0] == "usage":
+            spec.pop("final", None)
+            spec.pop("outcome", None)
+        parent: dict[str, Any] | None = spec
+        for key in loc[:-1]:
+            child = parent.get(key) if parent is not None else None
+            if parent is None or not isinstance(child, dict):
+                parent = None
+                break
+            parent[key] = dict(child)
+            parent = parent[key]
+        if parent is not None and loc[-1] in parent:
+            del parent[loc[-1]]
+            dropped = True
+    return dropped
+
+
+def heartbeat_holder(lease: Mapping[str, Any] | None) -> str | None:
+    return ((lease or {}).get("spec") or {}).get("holderIdentity")
 
 
 def heartbeat_token(lease: Mapping[str, Any] | None) -> str | None:
@@ -67,14 +148,17 @@ def heartbeat_token(lease: Mapping[str, Any] | None) -> str | None:
     return f"{renew}/{spec.get('holderIdentity', '')}/{spec.get('leaseTransitions', 0)}"[:128]
 
 
+STARTED_PHASES = ("Running", "Succeeded", "Failed")
+
+
 def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
-    """What a claim's workload pods show: bound to a node, running. None if there are none."""
+    """What a claim's workload pods show: ever bound to a node, ever started (a pod that
+    ran and finished before the operator looked still ran). None if there are none."""
     if not pods:
         return None
-    return PodFacts(
-        scheduled=any((p.get("spec") or {}).get("nodeName") for p in pods),
-        running=any((p.get("status") or {}).get("phase") == "Running" for p in pods),
-    )
+    started = any((p.get("status") or {}).get("phase") in STARTED_PHASES for p in pods)
+    bound = any((p.get("spec") or {}).get("nodeName") for p in pods)
+    return PodFacts(scheduled=bound or started, running=started)
 
 
 def claim_facts(
@@ -84,13 +168,9 @@ def claim_facts(
 ) -> ClaimFacts | InvalidClaim:
     meta = claim["metadata"]
     try:
-        spec = BranchClaimSpec.model_validate(claim.get("spec") or {})
+        spec, problem = readable_spec(claim.get("spec") or {})
     except ValidationError as error:
-        problem = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors()
-        )
-        return InvalidClaim(uid=meta["uid"], name=meta["name"], problem=problem[:900])
-    settlement = (claim.get("status") or {}).get("settlement") or {}
+        return InvalidClaim(uid=meta["uid"], name=meta["name"], problem=_describe(error))
     annotations = meta.get("annotations") or {}
     return ClaimFacts(
         uid=meta["uid"],
@@ -99,9 +179,11 @@ def claim_facts(
         spec=spec,
         deleting=bool(meta.get("deletionTimestamp")),
         heartbeat=heartbeat_token(lease),
-        settled_key=settlement.get("key"),
+        heartbeat_holder=heartbeat_holder(lease),
+        settled_record=settled_record(claim_status(claim), meta["uid"], meta["name"], spec.attempt),
         force_settle=annotations.get(FORCE_SETTLE_ANNOTATION),
         pod=pod_facts(pods or []),
+        problem=problem,
     )
 
 

@@ -1,7 +1,8 @@
 """The one serialized writer per envelope: read, reconcile, compare-and-swap, mirror.
 
-Each call reads the envelope (with its resourceVersion), lists its claims and their
-Leases straight from the API server, asks the pure core for the next ledger, and writes
+Each call reads the envelope (with its resourceVersion), lists its claims, confirms with a
+direct read any claim the ledger has but the list lacks, lists the Leases, asks the pure
+core for the next ledger, and writes
 the envelope status with a PUT carrying the resourceVersion it read. A 409 means someone
 else wrote first (another replica, or this one on a stale read): re-read, recompute,
 retry with jitter. Only after the ledger is durable are the claims' statuses mirrored and
@@ -18,16 +19,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, NoReturn, Protocol
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from reservoir import metrics
 from reservoir.core.claimstatus import claim_status
+from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
+from reservoir.core.model import MAX_CONDITIONS, ReservationEnvelopeStatus
 from reservoir.core.reconcile import Reconciliation, reconcile
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
@@ -67,6 +71,11 @@ class Conflict:
     """The compare-and-swap lost: someone wrote the envelope since we read it."""
 
 
+class LedgerStuckError(RuntimeError):
+    """The envelope's ledger cannot move (unreadable, an invariant would break, or the API
+    server refuses the write). Reported on the envelope; retried later, never a crash."""
+
+
 class LedgerWriter:
     def __init__(
         self,
@@ -80,6 +89,7 @@ class LedgerWriter:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
+        self._reported_refusals: set[tuple[str, str, str]] = set()  # (uid, version, reason)
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
         return self._triggers.setdefault((namespace, envelope), Trigger())
@@ -104,6 +114,9 @@ class LedgerWriter:
                 metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
 
     async def _attempt(self, namespace: str, name: str) -> Reconciliation | Conflict | None:
+        # The envelope first, then its claims: every claim status a compaction in this
+        # ledger relied on is in the list, and every claim the ledger names is listed
+        # unless it is gone (confirmed below with a direct read).
         try:
             envelope = read.as_dict(
                 await self.client.get(ReservationEnvelope, name, namespace=namespace)
@@ -112,12 +125,17 @@ class LedgerWriter:
             if error.status.code == 404:
                 return None
             raise
+        try:
+            envelope_facts, status = read.envelope_facts(envelope)
+        except read.UnreadableEnvelopeError as error:
+            await self._refused(envelope, "UnreadableEnvelope", str(error))
         claims = [
             read.as_dict(c)
             async for c in self.client.list(
                 BranchClaim, namespace=namespace, fields={"spec.envelope": name}
             )
         ]
+        claims += await self._confirm_missing(namespace, status, claims)
         leases = {}
         async for lease in self.client.list(
             Lease, namespace=namespace, labels={ENVELOPE_LABEL: name}
@@ -125,20 +143,23 @@ class LedgerWriter:
             body = lease.to_dict()
             leases[body["metadata"]["name"]] = body
         pods = await self._workload_pods(namespace, claims)
-        envelope_facts, status = read.envelope_facts(envelope)
         claim_facts: list[ClaimFacts] = []
-        invalid: list[tuple[dict[str, Any], read.InvalidClaim]] = []
+        invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]] = []
         for claim in claims:
             claim_name = claim["metadata"]["name"]
             fact = read.claim_facts(claim, leases.get(claim_name), pods.get(claim_name))
             if isinstance(fact, read.InvalidClaim):
                 invalid.append((claim, fact))
-            else:
-                claim_facts.append(fact)
-        untouched = frozenset(fact.uid for _, fact in invalid)
+                continue
+            if fact.problem is not None:
+                invalid.append((claim, fact))
+            claim_facts.append(fact)
 
         now = self.clock()
-        result = reconcile(envelope_facts, status, claim_facts, now, untouched)
+        try:
+            result = reconcile(envelope_facts, status, claim_facts, now)
+        except InvariantViolationError as error:
+            await self._refused(envelope, "InvariantViolation", str(error))
         if result.status != status:
             version = envelope["metadata"]["resourceVersion"]
             body = ReservationEnvelope.Status(
@@ -152,10 +173,17 @@ class LedgerWriter:
                 if error.status.code == 409:
                     metrics.ledger_writes.labels(namespace, "conflict").inc()
                     return Conflict()
+                if 400 <= (error.status.code or 0) < 500:
+                    metrics.ledger_writes.labels(namespace, "refused").inc()
+                    await self._refused(envelope, "WriteRefused", str(error.status.message))
                 raise
             metrics.ledger_writes.labels(namespace, "written").inc()
         else:
             metrics.ledger_writes.labels(namespace, "unchanged").inc()
+            # Nothing to write, so the ledger we read may be older than a status another
+            # replica mirrored after we read it: mirror only if it is still the newest.
+            if not await self._still_current(namespace, name, envelope):
+                return Conflict()
 
         # The ledger is durable: now tell the world.
         by_uid = {c["metadata"]["uid"]: c for c in claims}
@@ -163,8 +191,85 @@ class LedgerWriter:
         self._announce_invalid(invalid)
         metrics.observe(namespace, name, result.status)
         metrics.count_events(namespace, name, result.events)
-        await self._mirror(namespace, claims, result, now)
+        problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
+        await self._mirror(namespace, claims, result, now, problems)
+        await self._delete_expired(namespace, result.expired_claims)
         return result
+
+    async def _still_current(self, namespace: str, name: str, envelope: dict[str, Any]) -> bool:
+        try:
+            now = await self.client.get(ReservationEnvelope, name, namespace=namespace)
+        except ApiError as error:
+            if error.status.code == 404:
+                return False
+            raise
+        current = read.as_dict(now)["metadata"]["resourceVersion"]
+        return bool(current == envelope["metadata"]["resourceVersion"])
+
+    async def _confirm_missing(
+        self, namespace: str, status: ReservationEnvelopeStatus, listed: list[dict[str, Any]]
+    ) -> list[dict[str, Any]]:
+        """Claims the ledger has but the list lacks (created after we listed): read each
+        directly, so that only a claim that really is gone counts as gone."""
+        uids = {c["metadata"]["uid"] for c in listed}
+        found: list[dict[str, Any]] = []
+        for uid, entry in status.entries.items():
+            if uid in uids:
+                continue
+            try:
+                claim = read.as_dict(
+                    await self.client.get(BranchClaim, entry.claim, namespace=namespace)
+                )
+            except ApiError as error:
+                if error.status.code == 404:
+                    continue
+                raise
+            if claim["metadata"]["uid"] == uid:
+                found.append(claim)
+        return found
+
+    async def _refused(self, envelope: dict[str, Any], reason: str, message: str) -> NoReturn:
+        """The ledger cannot move: say so on the envelope (condition, Event, metric) and
+        stop this reconcile, instead of crashing or spinning on it."""
+        meta = envelope["metadata"]
+        namespace, name = meta["namespace"], meta["name"]
+        metrics.ledger_errors.labels(namespace, reason).inc()
+        key = (meta["uid"], meta["resourceVersion"], reason)
+        if key not in self._reported_refusals:
+            self._reported_refusals.add(key)
+            self.record(envelope, "Warning", reason, message)
+            status = envelope.get("status") or {}
+            conditions = [
+                c for c in status.get("conditions") or [] if c.get("type") != "LedgerHealthy"
+            ]
+            conditions.append(
+                {
+                    "type": "LedgerHealthy",
+                    "status": "False",
+                    "reason": reason,
+                    "message": message[:1024],
+                    "lastTransitionTime": self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                    "observedGeneration": meta.get("generation"),
+                }
+            )
+            with contextlib.suppress(ApiError):
+                await self.client.patch(
+                    ReservationEnvelope.Status,
+                    name,
+                    {"status": {"conditions": conditions[-MAX_CONDITIONS:]}},
+                    namespace=namespace,
+                    patch_type=PatchType.MERGE,
+                )
+        raise LedgerStuckError(f"{namespace}/{name}: {reason}: {message}")
+
+    async def _delete_expired(self, namespace: str, names: list[str]) -> None:
+        """Settled claims past the envelope's settledClaimTTLSeconds."""
+        for claim in names:
+            try:
+                await self.client.delete(BranchClaim, claim, namespace=namespace)
+            except ApiError as error:
+                if error.status.code != 404:
+                    raise
 
     async def _workload_pods(
         self, namespace: str, claims: list[dict[str, Any]]
@@ -179,11 +284,13 @@ class LedgerWriter:
             pods.setdefault(body["metadata"]["labels"][CLAIM_LABEL], []).append(body)
         return pods
 
-    def _announce_invalid(self, invalid: list[tuple[dict[str, Any], read.InvalidClaim]]) -> None:
+    def _announce_invalid(
+        self, invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]]
+    ) -> None:
         """One Event per unreadable spec version, not one per reconcile."""
         for claim, fact in invalid:
             version = (fact.uid, claim["metadata"]["resourceVersion"])
-            if version not in self._reported_invalid:
+            if version not in self._reported_invalid and fact.problem:
                 self._reported_invalid.add(version)
                 self.record(claim, "Warning", "InvalidSpec", fact.problem)
 
@@ -201,10 +308,12 @@ class LedgerWriter:
         claims: list[dict[str, Any]],
         result: Reconciliation,
         now: datetime,
+        problems: Mapping[str, str],
     ) -> None:
-        """Write each claim's status from its ledger entry (or queue position), if it moved.
-        Conditional on the claim's resourceVersion; a conflict just waits for the next
-        reconcile, since the mirror can always be recomputed."""
+        """Write each claim's status from the ledger just read or written (its entry, its
+        queue position, or a record kept off the ledger), if it moved. Conditional on the
+        claim's resourceVersion; a conflict just waits for the next reconcile, since the
+        mirror can always be recomputed. A refused write is reported, never raised."""
         for claim in claims:
             meta = claim["metadata"]
             uid = meta["uid"]
@@ -215,7 +324,13 @@ class LedgerWriter:
                 continue  # settled and pruned, or unreadable: leave its status alone
             deleting = bool(meta.get("deletionTimestamp"))
             wanted = claim_status(
-                entry, pending, previous, meta.get("generation"), now, deleting=deleting
+                entry,
+                pending,
+                previous,
+                meta.get("generation"),
+                now,
+                deleting=deleting,
+                problem=problems.get(uid),
             )
             if previous is not None and wanted == previous:
                 continue
@@ -228,6 +343,10 @@ class LedgerWriter:
             try:
                 await self.client.replace(body, meta["name"], namespace=namespace)  # type: ignore[call-overload]
             except ApiError as error:
-                if error.status.code not in (404, 409):
+                if error.status.code in (404, 409):
+                    self.poke(namespace, claim["spec"].get("envelope", ""))
+                elif 400 <= (error.status.code or 0) < 500:
+                    metrics.ledger_errors.labels(namespace, "MirrorRefused").inc()
+                    self.record(claim, "Warning", "MirrorRefused", str(error.status.message))
+                else:
                     raise
-                self.poke(namespace, claim["spec"].get("envelope", ""))

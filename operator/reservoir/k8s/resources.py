@@ -14,5 +14,6 @@ BranchClaim = create_namespaced_resource(API_GROUP, API_VERSION, "BranchClaim", 
 ENVELOPE_LABEL = f"{API_GROUP}/envelope"
 CLAIM_LABEL = f"{API_GROUP}/claim"
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
+FORCE_SETTLE_GONE_ANNOTATION = f"{API_GROUP}/force-settle-gone"
 FINALIZER = f"{API_GROUP}/settlement"
 FIELD_MANAGER = "reservoir-operator"
