@@ -3,15 +3,21 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
 from collections.abc import Callable
 from decimal import Decimal
+from pathlib import Path
 from typing import Any, TypeVar
 
+from reservoir.core.claimstatus import settled_record
+from reservoir.core.model import LedgerEntry
 from reservoir.sdk import ClaimView, EnvelopeView, Reservoir
 from tests.clusters import ClusterHandle
 
 T = TypeVar("T")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def eventually(what: str, check: Callable[[], T], timeout: float = 30, every: float = 0.2) -> T:
@@ -90,3 +96,31 @@ def committed_claim(
     create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
     claim = sdk.hold("wf", name, {"tokens": tokens}, name=name, dispatch=True)
     return wait_phase(sdk, claim, "Committed")
+
+
+def plugin(cluster: ClusterHandle, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`kubectl reservoir -n NS ARGS...`, found on PATH as a user would have it."""
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(cluster.kubeconfig_path),
+        "PATH": f"{REPO / '.venv' / 'bin'}:{Path.home() / '.cache/reservoir/bin/current'}:"
+        + os.environ.get("PATH", ""),
+    }
+    return subprocess.run(
+        ["kubectl", "reservoir", "-n", ns, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+def records(sdk: Reservoir, envelope: str) -> dict[str, LedgerEntry]:
+    """Each claim's record by name: its ledger entry, or, once the ledger compacted a
+    settled entry away, the record its own status carries."""
+    found: dict[str, LedgerEntry] = {}
+    for view in sdk.claims(envelope):
+        record = view.entry or settled_record(view.status, view.uid, view.name, view.spec.attempt)
+        if record is not None:
+            found[view.name] = record
+    return found

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-from pathlib import Path
-
 import pytest
 
-from reservoir.sdk import LeaseUncertainError, Reservoir
+from reservoir.sdk import LeaseUncertainError, Reservoir, StaleClaimError
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
-from tests.integration.helpers import create_envelope, eventually, wait_phase
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.integration.helpers import create_envelope, eventually, plugin, wait_phase
 
 
 def generation(cluster: ClusterHandle, ns: str, name: str) -> str:
@@ -39,9 +33,36 @@ def test_heartbeats_renew_through_a_lease_without_bumping_the_claims_generation(
     for expected in (1, 2, 3):
         claim = sdk.renew(claim)
         assert claim.renewals == expected
+        assert claim.ledger_renewals >= expected  # the ledger leads its status mirror
     assert generation(cluster, ns, "x") == before
     holder = cluster.kubectl("get", "lease", "x", "-n", ns, "-o", "jsonpath={.spec.holderIdentity}")
     assert holder == sdk.get(claim).spec.lease.holder
+
+
+def test_dispatch_and_cancel_declare_facts_that_stick(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
+    lazy = sdk.hold("wf", "lazy", {"tokens": "10"}, name="lazy", dispatch=True)
+    assert lazy.spec.dispatch and not lazy.spec.cancel and lazy.spec.declared == "Dispatch"
+    lazy = wait_phase(sdk, lazy, "Committed")
+    again = sdk.dispatch(lazy)  # already past the commit point: nothing to write
+    assert again.resource_version == sdk.get(lazy).resource_version
+
+    cancelled = sdk.cancel(lazy)
+    assert cancelled.spec.cancel and cancelled.spec.declared == "Dispatch+Cancel"
+    assert sdk.cancel(cancelled).spec.cancel  # idempotent
+    with pytest.raises(StaleClaimError, match="cancelled"):
+        sdk.dispatch(sdk.get(lazy))
+    eventually("CancelRequested", lambda: sdk.get(lazy).condition("CancelRequested"))
+
+    pruned = wait_phase(sdk, sdk.hold("wf", "pruned", {"tokens": "10"}, name="p"), "Tentative")
+    pruned = sdk.cancel(pruned)
+    assert pruned.spec.cancel and not pruned.spec.dispatch and pruned.spec.declared == "Cancel"
+    pruned = wait_phase(sdk, pruned, "Released")
+    assert pruned.settlement is not None and pruned.settlement.reason == "Cancelled"
+    with pytest.raises(StaleClaimError, match="settled as Released"):
+        sdk.dispatch(pruned)
 
 
 def test_a_claim_waits_for_a_missing_envelope_and_says_so(
@@ -56,22 +77,6 @@ def test_a_claim_waits_for_a_missing_envelope_and_says_so(
     wait_phase(sdk, claim, "Tentative")
 
 
-def plugin(cluster: ClusterHandle, ns: str, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "KUBECONFIG": str(cluster.kubeconfig_path),
-        "PATH": f"{REPO / '.venv' / 'bin'}:{Path.home() / '.cache/reservoir/bin/current'}:"
-        + os.environ.get("PATH", ""),
-    }
-    return subprocess.run(
-        ["kubectl", "reservoir", "-n", ns, *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-
-
 def test_the_kubectl_plugin_drives_a_claim_and_prints_the_ledger(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
@@ -79,9 +84,18 @@ def test_the_kubectl_plugin_drives_a_claim_and_prints_the_ledger(
     held = plugin(cluster, ns, "hold", "wf", "search", "tokens=20k", "cost=1", "--name", "s")
     assert held.returncode == 0, held.stderr
     wait_phase(sdk, "s", "Tentative")
-    for verb in (["dispatch", "s"], ["renew", "s"], ["usage", "s", "tokens=5k"]):
+    # Another worker's holder may neither dispatch nor renew it: one line, exit 1.
+    for verb in ("dispatch", "renew"):
+        foreign = plugin(cluster, ns, "--holder", "someone-else", verb, "s")
+        assert foreign.returncode == 1
+        assert foreign.stderr.strip().count("\n") == 0 and "is held by" in foreign.stderr
+    # Each run is a new process; by default they all act as the same holder.
+    for verb in (["dispatch", "s"], ["dispatch", "s"], ["renew", "s"], ["usage", "s", "tokens=5k"]):
         done = plugin(cluster, ns, *verb)
         assert done.returncode == 0, done.stderr
+    shown = plugin(cluster, ns, "get", "s")
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[1].split()[4] == "Dispatch"  # DECLARED
     finished = plugin(cluster, ns, "finish", "s", "tokens=12k", "cost=0.5")
     assert finished.returncode == 0, finished.stderr
     wait_phase(sdk, "s", "Consumed")

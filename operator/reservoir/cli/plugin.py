@@ -1,25 +1,32 @@
 """`kubectl reservoir ...`: the SDK's verbs from a shell, plus an envelope's ledger.
 
     kubectl reservoir hold ENVELOPE BRANCH tokens=20k [cost=2] [--dispatch] [--name N]
-    kubectl reservoir dispatch|cancel|renew CLAIM
+    kubectl reservoir dispatch|cancel|renew|get CLAIM
     kubectl reservoir usage CLAIM tokens=5k            # cumulative usage so far
     kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded
     kubectl reservoir ledger ENVELOPE
 
+Claims created by `hold` name a lease holder, and only that holder may dispatch or renew
+them. Every invocation uses the same holder, `--holder` (default: $RESERVOIR_HOLDER, else
+kubectl-reservoir/USER@HOST), so the verbs of one person on one machine go together.
 A refusal exits non-zero with a one-line reason.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
+import os
 import sys
 from collections.abc import Sequence
 
 from lightkube import ApiError
 
 from reservoir.core.ledger import render
+from reservoir.core.model import BranchClaimStatus, LedgerEntry
 from reservoir.core.quantity import QuantityError, format_quantity
 from reservoir.sdk import ClaimView, EnvelopeView, Reservoir, ReservoirError
+from reservoir.sdk.client import HOLDER_ENV
 
 
 def resources(pairs: Sequence[str]) -> dict[str, str]:
@@ -40,26 +47,56 @@ def table(rows: list[list[str]]) -> str:
     )
 
 
+def default_holder() -> str:
+    """One holder per person and machine: the plugin runs as a new process every time."""
+    held = os.environ.get(HOLDER_ENV)
+    if held:
+        return held
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):
+        user = "unknown"
+    return f"kubectl-reservoir/{user}@{os.uname().nodename}"
+
+
 def show_claim(view: ClaimView) -> str:
-    lease = view.status.lease
+    """The claim as its ledger entry records it (the claim's status when it has none)."""
+    record = view.entry if view.entry is not None else view.status
+    expires = view.ledger_expires_at
     return table(
         [
-            ["NAME", "ENVELOPE", "BRANCH", "PHASE", "INTENT", "RESERVED", "USAGE", "EXPIRES"],
+            ["NAME", "ENVELOPE", "BRANCH", "PHASE", "DECLARED", "RESERVED", "USAGE", "EXPIRES"],
             [
                 view.name,
                 view.spec.envelope,
                 view.spec.branch or "-",
-                view.phase.value,
-                view.spec.intent.value,
-                render(view.status.reserved) or "-",
-                render(view.status.usage) or "-",
-                lease.expires_at.strftime("%H:%M:%S") if lease and lease.expires_at else "-",
+                view.ledger_phase.value + ("/deleting" if view.deleting else ""),
+                view.spec.declared,
+                render(record.reserved) or "-",
+                render(record.usage) or "-",
+                expires.strftime("%H:%M:%S") if expires else "-",
             ],
         ]
     )
 
 
-def show_ledger(view: EnvelopeView) -> str:
+def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:
+    """A claim's line: from its ledger entry, or from its status once a settled entry was
+    compacted out of the ledger."""
+    return [
+        name,
+        branch or "-",
+        record.phase.value,
+        render(record.reserved) or "-",
+        render(record.consumed) or "-",
+        render(record.released) or "-",
+        record.settlement.reason if record.settlement else "-",
+    ]
+
+
+def show_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> str:
+    """The envelope's totals and claims: its ledger entries, and the settled claims whose
+    entries were compacted out of the ledger (their record lives in their status)."""
     status = view.status
     totals = status.totals
     lines = [f"envelope {view.namespace}/{view.name}: {status.phase.value}"]
@@ -73,20 +110,15 @@ def show_ledger(view: EnvelopeView) -> str:
             ]
         )
     lines += [table(rows), ""]
-    claims = [["CLAIM", "BRANCH", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
-    for entry in sorted(status.entries.values(), key=lambda e: (e.branch, e.claim)):
-        claims.append(
-            [
-                entry.claim,
-                entry.branch or "-",
-                entry.phase.value,
-                render(entry.reserved) or "-",
-                render(entry.consumed) or "-",
-                render(entry.released) or "-",
-                entry.settlement.reason if entry.settlement else "-",
-            ]
-        )
-    lines.append(table(claims) if len(claims) > 1 else "(no claims in the ledger)")
+    listed = [claim_row(e.claim, e.branch, e) for e in status.entries.values()]
+    listed += [
+        claim_row(c.name, c.spec.branch, c.status)
+        for c in claims
+        if c.uid not in status.entries and c.status.settlement is not None
+    ]
+    rows = [["CLAIM", "BRANCH", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
+    rows += sorted(listed, key=lambda row: (row[1], row[0]))
+    lines.append(table(rows) if len(rows) > 1 else "(no claims in the ledger)")
     if status.balance_released:
         lines.append(f"\nbalance released at close: {render(status.balance_released)}")
     return "\n".join(lines)
@@ -96,6 +128,11 @@ def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="kubectl reservoir", description=__doc__)
     main.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
     main.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
+    main.add_argument(
+        "--holder",
+        help=f"the lease holder this invocation acts as (default: ${HOLDER_ENV}, "
+        "else kubectl-reservoir/USER@HOST)",
+    )
     verbs = main.add_subparsers(dest="verb", required=True)
 
     hold = verbs.add_parser("hold", help="create a claim on an envelope")
@@ -134,7 +171,7 @@ def parser() -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace, sdk: Reservoir) -> str:
     if args.verb == "ledger":
-        return show_ledger(sdk.ledger(args.envelope))
+        return show_ledger(sdk.ledger(args.envelope), sdk.claims(args.envelope))
     if args.verb == "hold":
         view = sdk.hold(
             args.envelope,
@@ -164,7 +201,11 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        with Reservoir(namespace=args.namespace, kubeconfig=args.kubeconfig) as sdk:
+        with Reservoir(
+            namespace=args.namespace,
+            kubeconfig=args.kubeconfig,
+            holder=args.holder or default_holder(),
+        ) as sdk:
             print(run(args, sdk))
     except (ReservoirError, QuantityError, TimeoutError) as error:
         print(f"error: {error}", file=sys.stderr)

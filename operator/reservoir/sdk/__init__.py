@@ -4,6 +4,7 @@ from reservoir.sdk.client import AsyncReservoir, Reservoir
 from reservoir.sdk.errors import (
     ClaimNotFoundError,
     LeaseUncertainError,
+    NotReservedError,
     ReservoirError,
     StaleClaimError,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "ClaimView",
     "EnvelopeView",
     "LeaseUncertainError",
+    "NotReservedError",
     "Reservoir",
     "ReservoirError",
     "StaleClaimError",

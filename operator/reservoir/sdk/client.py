@@ -1,10 +1,46 @@
 """The Reservoir SDK for orchestrators and workers.
 
-Every write is fenced by the resourceVersion the caller last read: the API server answers
-409 if the claim moved since. A 409 alone does not mean "fenced", because the operator's
-status writes bump resourceVersion too, so the SDK re-reads, re-checks what the action
-requires (not settled, same attempt, lease still valid) and retries; only when that no
-longer holds does the caller get `StaleClaimError`.
+Two records describe a claim: its line in the envelope's ledger
+(`ReservationEnvelope.status.entries[<claim uid>]`), which is authoritative, and the
+claim's own status, which mirrors the ledger and lags it. A settled line may be compacted
+out of the ledger once the claim's status carries the settlement, so the SDK takes the
+ledger entry when there is one and the claim's status otherwise. Every verb decides on
+that record, read afresh, never on the status alone.
+
+Every write is fenced by resourceVersion: it is conditional on the version of the claim the
+SDK has just checked, and the API server answers 409 if the claim moved since. A changed
+resourceVersion alone does not mean "fenced", because the operator's status writes bump it
+too, so the SDK re-reads the claim and its ledger entry, re-checks what the verb requires
+on them and retries; only when that no longer holds does the caller get an error instead of
+a silent success. A caller's view that is no longer current is handled as a 409 would be:
+the checks run on the claim as it is now, never on a stale view. The checks, before the
+first write and after every 409:
+
+- every verb: the same claim as the caller's view (UID and attempt), not settled;
+- `dispatch`: not cancelled, not being deleted (nor its envelope), the claim's
+  `spec.lease.holder` (when set) is this SDK's holder, the claim holds capacity (ledger
+  phase Tentative; Committed or Running was already dispatched and returns without a
+  write; Pending raises `NotReservedError`, Detached `StaleClaimError`), and the ledger's
+  lease does not end within `LEASE_SAFETY_MARGIN` (else `LeaseUncertainError`);
+- `cancel`: a claim already cancelled, or being deleted (deletion cancels it), returns
+  without a write;
+- `report_usage`, `finish`: nothing more, save that a claim deleted before it was
+  dispatched never ran and takes no usage. Usage and a final report are facts, accepted
+  from whoever knows them (a reconciler finishing a Detached claim after its worker died)
+  and on a dispatched claim being deleted, which waits for exactly that report.
+
+A write the API server refuses as invalid (usage that decreases; dispatching a cancelled
+branch or a claim being deleted) raises `ReservoirError` (`StaleClaimError` for `dispatch`)
+with its message.
+
+The SDK acts as one lease holder: `holder=`, else `$RESERVOIR_HOLDER`, else host/pid. `hold`
+names it in `spec.lease.holder`, and only that holder may dispatch or renew the claim.
+
+`renew` writes no claim: it heartbeats the claim's `coordination.k8s.io/v1` Lease, and only
+for the claim the caller's view names (same UID and attempt), only when the claim names no
+other holder and is not cancelled, deleting, settled or Detached, and never taking over a
+Lease another holder holds. The Lease write is conditional on the Lease's resourceVersion.
+It then waits for the operator, the authority, to grant the renewal.
 
     async with AsyncReservoir(namespace="team-a") as reservoir:
         claim = await reservoir.hold("research-agent", "web-search", {"tokens": "20k"})
@@ -26,6 +62,7 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.types import PatchType
@@ -33,9 +70,9 @@ from lightkube.types import PatchType
 from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
-    TERMINAL_PHASES,
     BranchClaimSpec,
     ClaimPhase,
+    CommitPoint,
     ReservationEnvelopeStatus,
 )
 from reservoir.core.quantity import format_quantity, parse_resources
@@ -44,6 +81,7 @@ from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, BranchClaim, Re
 from reservoir.sdk.errors import (
     ClaimNotFoundError,
     LeaseUncertainError,
+    NotReservedError,
     ReservoirError,
     StaleClaimError,
 )
@@ -52,14 +90,62 @@ from reservoir.sdk.views import ClaimView, EnvelopeView
 FENCED_RETRIES = 5
 # A worker stops starting irreversible work this long before its lease's expiry.
 LEASE_SAFETY_MARGIN = timedelta(seconds=2)
+# The holder identity used when none is given to the SDK.
+HOLDER_ENV = "RESERVOIR_HOLDER"
 
-Check = Callable[[ClaimView], str | None]  # a reason the action is no longer valid, or None
+# Checks a verb's precondition on the current claim: raises when the verb no longer
+# applies, returns True when it is already done (nothing to write), False to write.
+Check = Callable[[ClaimView], bool]
+
+ALREADY_DISPATCHED = frozenset({ClaimPhase.COMMITTED, ClaimPhase.RUNNING})
 
 
-def _not_settled(view: ClaimView) -> str | None:
-    if view.phase in TERMINAL_PHASES:
-        return f"the claim already settled as {view.phase.value}"
+def _settled_problem(view: ClaimView) -> str | None:
+    if view.settled:
+        phase = view.settlement.phase if view.settlement else view.ledger_phase
+        return f"the claim already settled as {phase.value}"
     return None
+
+
+def _not_settled(view: ClaimView) -> bool:
+    problem = _settled_problem(view)
+    if problem:
+        raise StaleClaimError(f"branchclaim/{view.name}: {problem}")
+    return False
+
+
+def _may_report(usage: Mapping[str, str | int]) -> Check:
+    """Usage is a fact, taken from any reporter and on a claim being deleted, which waits
+    for it, except new usage on a claim deleted before it was dispatched: it never ran
+    (the API server refuses that too)."""
+    reported = parse_resources(usage)
+
+    def check(view: ClaimView) -> bool:
+        _not_settled(view)
+        never_ran = (
+            view.deleting
+            and not view.spec.dispatch
+            and view.spec.commit_point is CommitPoint.DISPATCH
+        )
+        if never_ran and {**view.spec.usage, **reported} != view.spec.usage:
+            raise StaleClaimError(
+                f"branchclaim/{view.name}: the claim was deleted before it was dispatched: "
+                "it never ran, so it takes no usage"
+            )
+        return False
+
+    return check
+
+
+def _same_claim(caller: ClaimView, current: ClaimView) -> None:
+    """The current object is the claim the caller's view names: a claim deleted and
+    re-created under the same name, or a new attempt, is another claim."""
+    if current.uid != caller.uid or current.spec.attempt != caller.spec.attempt:
+        raise StaleClaimError(
+            f"branchclaim/{caller.name} is now a different claim "
+            f"(attempt {current.spec.attempt}, uid {current.uid}; "
+            f"you hold attempt {caller.spec.attempt}, uid {caller.uid})"
+        )
 
 
 class AsyncReservoir:
@@ -73,7 +159,7 @@ class AsyncReservoir:
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
         self.client = client or AsyncClient(config=config, field_manager="reservoir-sdk")
         self.namespace = namespace or self.client.namespace
-        self.holder = holder or f"{os.uname().nodename}/{os.getpid()}"
+        self.holder = holder or os.environ.get(HOLDER_ENV) or f"{os.uname().nodename}/{os.getpid()}"
 
     async def __aenter__(self) -> AsyncReservoir:
         return self
@@ -87,20 +173,28 @@ class AsyncReservoir:
     # --- reading ------------------------------------------------------------------------
 
     async def get(self, claim: ClaimView | str) -> ClaimView:
+        """The claim and its authoritative record: the claim object, and its entry in its
+        envelope's ledger (`view.entry`, `view.ledger_phase`, ...)."""
         name = claim.name if isinstance(claim, ClaimView) else claim
-        try:
-            obj = await self.client.get(BranchClaim, name, namespace=self.namespace)
-        except ApiError as error:
-            if error.status.code == 404:
-                raise ClaimNotFoundError(f"branchclaim/{name} not found") from None
-            raise
-        return ClaimView.from_api(as_dict(obj))
+        return await self._with_ledger(await self._read_claim(name))
 
     async def ledger(self, envelope: str) -> EnvelopeView:
         obj = await self.client.get(ReservationEnvelope, envelope, namespace=self.namespace)
         body = as_dict(obj)
         status = ReservationEnvelopeStatus.model_validate(body.get("status") or {})
         return EnvelopeView(name=envelope, namespace=self.namespace, status=status)
+
+    async def claims(self, envelope: str) -> list[ClaimView]:
+        """The envelope's claims (by `spec.envelope`), each with its ledger entry. A settled
+        claim whose entry was compacted out of the ledger carries its record in its status
+        (`view.settlement`)."""
+        body = await self._read_envelope(envelope)
+        return [
+            ClaimView.from_api(as_dict(obj)).with_ledger(body)
+            async for obj in self.client.list(
+                BranchClaim, namespace=self.namespace, fields={"spec.envelope": envelope}
+            )
+        ]
 
     async def wait(
         self,
@@ -110,15 +204,18 @@ class AsyncReservoir:
         within: float = 60.0,
         interval: float = 0.2,
     ) -> ClaimView:
-        """Until the claim reaches `phase` or `condition` is True; TimeoutError otherwise."""
+        """Until the claim's status shows `phase` or `condition` True; TimeoutError
+        otherwise. (The status mirrors the ledger: once it shows a phase, the ledger has
+        reached it.)"""
+        name = claim.name if isinstance(claim, ClaimView) else claim
         loop = asyncio.get_running_loop()
         deadline = loop.time() + within
         while True:
-            view = await self.get(claim)
+            view = await self._read_claim(name)
             if (phase is None or view.phase == phase) and (
                 condition is None or view.condition(condition)
             ):
-                return view
+                return await self._with_ledger(view)
             if loop.time() > deadline:
                 raise TimeoutError(
                     f"branchclaim/{view.name} is {view.phase.value}, "
@@ -142,7 +239,8 @@ class AsyncReservoir:
         dispatch: bool = False,
         upstream: Mapping[str, Any] | None = None,
     ) -> ClaimView:
-        """Create a claim on `envelope` (dispatch=True: reserve and commit in one step)."""
+        """Create a claim on `envelope`, held by this SDK's holder (dispatch=True: the branch
+        is sent as soon as it is reserved, reserving and committing in one step)."""
         spec = BranchClaimSpec(
             envelope=envelope,
             branch=branch,
@@ -150,7 +248,7 @@ class AsyncReservoir:
             requests=parse_resources(requests),
             priority=priority,
             commit_point=commit_point,
-            intent="Dispatch" if dispatch else "Hold",
+            dispatch=dispatch,
             lease={"duration_seconds": lease_seconds, "holder": self.holder},
             upstream=upstream or {},
         )
@@ -164,32 +262,51 @@ class AsyncReservoir:
         return ClaimView.from_api(as_dict(created))
 
     async def dispatch(self, claim: ClaimView) -> ClaimView:
-        """Cross the commit point. Refused if the lease cannot be confirmed: a worker that
-        is unsure of its lease must not start irreversible work."""
+        """Cross the commit point: `spec.dispatch: true`. Only for a claim that holds
+        capacity, held by this SDK's holder, whose lease can be confirmed: a worker that is
+        unsure of its lease must not start irreversible work. A claim already Committed or
+        Running is returned as it is (idempotent)."""
 
-        def may_dispatch(view: ClaimView) -> str | None:
-            if view.spec.intent == "Cancel":
-                return "the branch was cancelled"
-            if view.phase not in (ClaimPhase.PENDING, ClaimPhase.TENTATIVE):
-                return _not_settled(view) or (
-                    None if view.spec.intent == "Dispatch" else f"claim is {view.phase.value}"
+        def may_dispatch(view: ClaimView) -> bool:
+            _not_settled(view)
+            refuse = f"branchclaim/{view.name}: do not dispatch"
+            if view.deleting:
+                raise StaleClaimError(f"{refuse}: the claim is being deleted")
+            if view.envelope_deleting:
+                raise StaleClaimError(f"{refuse}: its envelope is being deleted")
+            if view.spec.cancel:
+                raise StaleClaimError(f"{refuse}: the branch was cancelled")
+            self._require_holder(view, refuse)
+            phase = view.ledger_phase
+            if phase in ALREADY_DISPATCHED:
+                return True
+            if phase is ClaimPhase.DETACHED:
+                raise StaleClaimError(
+                    f"{refuse}: its lease lapsed after the commit point (Detached)"
                 )
-            return None
+            if phase is not ClaimPhase.TENTATIVE:
+                raise NotReservedError(
+                    f"{refuse}: it holds nothing yet ({phase.value}): wait until it is Tentative"
+                )
+            self._require_lease(view)
+            return view.spec.dispatch  # already written: the operator has yet to see it
 
-        problem = may_dispatch(claim)
-        if problem:
-            raise StaleClaimError(f"branchclaim/{claim.name}: {problem}")
-        self._require_lease(claim)
-        return await self._fenced(claim, {"intent": "Dispatch"}, may_dispatch)
+        return await self._fenced(claim, {"dispatch": True}, may_dispatch, StaleClaimError)
 
     async def cancel(self, claim: ClaimView) -> ClaimView:
-        """Prune the branch: released at once before the commit point, a cancel request
-        (waiting for final usage) after it."""
-        return await self._fenced(claim, {"intent": "Cancel"}, _not_settled)
+        """Prune the branch: `spec.cancel: true`. Released at once before the commit point,
+        a cancel request (waiting for the final usage) after it. A claim already cancelled,
+        or being deleted (deletion cancels it), is returned as it is."""
+
+        def may_cancel(view: ClaimView) -> bool:
+            _not_settled(view)
+            return view.spec.cancel or view.deleting or view.envelope_deleting
+
+        return await self._fenced(claim, {"cancel": True}, may_cancel)
 
     async def report_usage(self, claim: ClaimView, usage: Mapping[str, str | int]) -> ClaimView:
         """Report cumulative usage so far (never a delta)."""
-        return await self._fenced(claim, {"usage": _quantities(usage)}, _not_settled)
+        return await self._fenced(claim, {"usage": _quantities(usage)}, _may_report(usage))
 
     async def finish(
         self, claim: ClaimView, usage: Mapping[str, str | int], outcome: str = "Succeeded"
@@ -197,19 +314,22 @@ class AsyncReservoir:
         """The final, confirmed usage and the outcome: the claim settles (commit C,
         return R − C)."""
         patch = {"usage": _quantities(usage), "final": True, "outcome": outcome}
-        return await self._fenced(claim, patch, _not_settled)
+        return await self._fenced(claim, patch, _may_report(usage))
 
     async def renew(self, claim: ClaimView, confirm_timeout: float | None = 10.0) -> ClaimView:
         """Heartbeat the claim's Lease, then (by default) wait for the operator to grant the
-        renewal. A renewal that cannot be confirmed raises `LeaseUncertainError`: stop
-        starting irreversible work until the claim is read again."""
-        view = await self.get(claim)
-        problem = _not_settled(view) or (
-            "the lease already lapsed (Detached)" if view.phase == ClaimPhase.DETACHED else None
-        )
+        renewal. Refused (`StaleClaimError`) when the claim is no longer the one `claim`
+        names (UID, attempt), names another holder, is cancelled, being deleted, settled or
+        Detached, or its envelope admits no more work. A Lease held by another holder is
+        never taken over (`LeaseUncertainError`). A renewal that cannot be confirmed raises
+        `LeaseUncertainError`: stop starting irreversible work until the claim is read
+        again."""
+        view = await self._current(claim)
+        problem = self._renew_problem(view)
         if problem:
             raise StaleClaimError(f"branchclaim/{view.name}: cannot renew: {problem}")
-        before = view.renewals
+        # Confirmed once the status shows a grant later than anything recorded now.
+        before = max(view.renewals, view.ledger_renewals)
         await self._beat(view)
         if confirm_timeout is None:
             return view
@@ -217,34 +337,105 @@ class AsyncReservoir:
         deadline = loop.time() + confirm_timeout
         while loop.time() < deadline:
             await asyncio.sleep(0.1)
-            view = await self.get(claim)
+            view = await self._current(claim)
             if view.renewals > before:
                 return view
-            if view.phase in TERMINAL_PHASES or view.phase == ClaimPhase.DETACHED:
-                break
+            if self._renew_problem(view):
+                break  # settled, Detached, cancelled, deleting...: no grant is coming
         raise LeaseUncertainError(
-            f"branchclaim/{view.name}: renewal not confirmed (phase {view.phase.value}); "
+            f"branchclaim/{view.name}: renewal not confirmed (phase {view.ledger_phase.value}); "
             "do not start irreversible work"
         )
 
     # --- internals ----------------------------------------------------------------------
 
+    async def _read_claim(self, name: str) -> ClaimView:
+        try:
+            obj = await self.client.get(BranchClaim, name, namespace=self.namespace)
+        except ApiError as error:
+            if error.status.code == 404:
+                raise ClaimNotFoundError(f"branchclaim/{name} not found") from None
+            raise
+        return ClaimView.from_api(as_dict(obj))
+
+    async def _read_envelope(self, name: str) -> dict[str, Any] | None:
+        try:
+            envelope = await self.client.get(ReservationEnvelope, name, namespace=self.namespace)
+        except ApiError as error:
+            if error.status.code == 404:
+                return None
+            raise
+        return as_dict(envelope)
+
+    async def _with_ledger(self, view: ClaimView) -> ClaimView:
+        """`view` with its entry in its envelope's ledger as it stands now."""
+        return view.with_ledger(await self._read_envelope(view.spec.envelope))
+
+    async def _current(self, caller: ClaimView) -> ClaimView:
+        """The claim `caller` names as it is now, with its ledger entry; StaleClaimError if
+        it is gone or is now another claim."""
+        try:
+            current = await self.get(caller.name)
+        except ClaimNotFoundError:
+            raise StaleClaimError(f"branchclaim/{caller.name} no longer exists") from None
+        _same_claim(caller, current)
+        return current
+
+    def _require_holder(self, view: ClaimView, refuse: str) -> None:
+        holder = view.spec.lease.holder
+        if holder is not None and holder != self.holder:
+            raise StaleClaimError(
+                f"{refuse}: the claim is held by {holder!r}, not by this worker ({self.holder!r})"
+            )
+
     def _require_lease(self, view: ClaimView) -> None:
-        expires = view.expires_at
-        if expires is not None and datetime.now(UTC) > expires - LEASE_SAFETY_MARGIN:
+        """The ledger's lease must outlast the safety margin (by this machine's clock)."""
+        expires = view.ledger_expires_at
+        if expires is None:
+            raise LeaseUncertainError(
+                f"branchclaim/{view.name}: no lease recorded in the ledger; renew and re-read "
+                "before dispatching"
+            )
+        if datetime.now(UTC) > expires - LEASE_SAFETY_MARGIN:
             raise LeaseUncertainError(
                 f"branchclaim/{view.name}: lease expires at {expires.isoformat()}; renew and "
                 "re-read before dispatching"
             )
 
+    def _renew_problem(self, view: ClaimView) -> str | None:
+        holder = view.spec.lease.holder
+        if holder is not None and holder != self.holder:
+            return f"the claim is held by {holder!r}, not by this worker ({self.holder!r})"
+        if view.settled:
+            return _settled_problem(view)
+        if view.spec.cancel:
+            return "the branch was cancelled: its lease is not extended"
+        if view.deleting:
+            return "the claim is being deleted"
+        if view.envelope_deleting:
+            return "its envelope is being deleted"
+        if view.ledger_phase is ClaimPhase.DETACHED:
+            return "the lease already lapsed (Detached)"
+        if not view.envelope_accepting:
+            return "its envelope is closed or expired: leases are not extended"
+        return None
+
     async def _fenced(
-        self, claim: ClaimView, spec_patch: Mapping[str, Any], requires: Check
+        self,
+        claim: ClaimView,
+        spec_patch: Mapping[str, Any],
+        requires: Check,
+        refused: type[ReservoirError] = ReservoirError,
     ) -> ClaimView:
-        view = claim
+        """Merge-patch the claim's spec. `requires` runs on the claim and its ledger entry
+        as they are now (read before the first write, re-read after every 409), and each
+        write is conditional on the resourceVersion of exactly the claim it checked: a
+        caller's view that is no longer current is treated as a 409 would be."""
+        view = await self._current(claim)
         for _ in range(FENCED_RETRIES):
-            problem = requires(view)
-            if problem:
-                raise StaleClaimError(f"branchclaim/{view.name}: {problem}")
+            _same_claim(claim, view)
+            if requires(view):
+                return view
             body = {"metadata": {"resourceVersion": view.resource_version}, "spec": spec_patch}
             try:
                 patched = await self.client.patch(
@@ -254,26 +445,30 @@ class AsyncReservoir:
                     namespace=self.namespace,
                     patch_type=PatchType.MERGE,
                 )
-                return ClaimView.from_api(as_dict(patched))
             except ApiError as error:
-                if error.status.code == 409:
-                    fresh = await self.get(view.name)
-                    if fresh.uid != view.uid or fresh.spec.attempt != view.spec.attempt:
-                        raise StaleClaimError(
-                            f"branchclaim/{view.name} is now a different claim"
-                        ) from None
-                    view = fresh
+                code = error.status.code
+                if code == 409:
+                    view = await self._current(claim)
                     continue
-                if error.status.code == 422:
-                    message = f"refused by the API server: {error.status.message}"
-                    raise ReservoirError(message) from None
+                if code == 404:
+                    raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
+                if code == 422:
+                    raise refused(
+                        f"branchclaim/{view.name}: refused by the API server: "
+                        f"{error.status.message}"
+                    ) from None
                 raise
+            return view.with_object(as_dict(patched))
         raise StaleClaimError(
             f"branchclaim/{view.name}: kept changing under {FENCED_RETRIES} tries"
         )
 
     async def _beat(self, view: ClaimView) -> None:
+        """One heartbeat on the claim's Lease, as this SDK's holder: created if missing,
+        else renewed conditionally on its resourceVersion. Another holder's Lease, or a
+        Lease left by an earlier claim of the same name, is never taken over."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+        not_ours = f"lease/{view.name}: not taken over; do not start irreversible work"
         try:
             lease = await self.client.get(Lease, view.name, namespace=self.namespace)
         except ApiError as error:
@@ -293,15 +488,28 @@ class AsyncReservoir:
                         )
                     ],
                 ),
-                spec={"holderIdentity": self.holder, "renewTime": now},  # type: ignore[arg-type]
+                spec=LeaseSpec(holderIdentity=self.holder, renewTime=now),  # type: ignore[arg-type]
             )
-            await self.client.create(lease)
+            try:
+                await self.client.create(lease)
+            except ApiError as error:
+                if error.status.code == 409:
+                    raise LeaseUncertainError(f"{not_ours}: created meanwhile by another") from None
+                raise
             return
-        assert lease.spec is not None
-        if lease.spec.holderIdentity not in (None, self.holder):
-            lease.spec.leaseTransitions = (lease.spec.leaseTransitions or 0) + 1
-        lease.spec.holderIdentity = self.holder
-        lease.spec.renewTime = now  # type: ignore[assignment]
+        owners = (lease.metadata.ownerReferences if lease.metadata else None) or []
+        if owners and not any(owner.uid == view.uid for owner in owners):
+            raise LeaseUncertainError(
+                f"{not_ours}: it belongs to an earlier claim of this name (not yet collected)"
+            )
+        spec = lease.spec or LeaseSpec()
+        if spec.holderIdentity not in (None, self.holder):
+            raise LeaseUncertainError(
+                f"{not_ours}: it is held by {spec.holderIdentity!r}, not by {self.holder!r}"
+            )
+        spec.holderIdentity = self.holder
+        spec.renewTime = now  # type: ignore[assignment]
+        lease.spec = spec
         try:
             await self.client.replace(lease)  # carries the resourceVersion it read
         except ApiError as error:
@@ -339,11 +547,18 @@ class Reservoir:
     def namespace(self) -> str:
         return self._async.namespace
 
+    @property
+    def holder(self) -> str:
+        return self._async.holder
+
     def get(self, claim: ClaimView | str) -> ClaimView:
         return self._run(self._async.get(claim))
 
     def ledger(self, envelope: str) -> EnvelopeView:
         return self._run(self._async.ledger(envelope))
+
+    def claims(self, envelope: str) -> list[ClaimView]:
+        return self._run(self._async.claims(envelope))
 
     def wait(
         self,
@@ -351,8 +566,9 @@ class Reservoir:
         phase: str | ClaimPhase | None = None,
         condition: str | None = None,
         within: float = 60.0,
+        interval: float = 0.2,
     ) -> ClaimView:
-        return self._run(self._async.wait(claim, phase, condition, within))
+        return self._run(self._async.wait(claim, phase, condition, within, interval))
 
     def hold(
         self, envelope: str, branch: str, requests: Mapping[str, str | int], **options: Any

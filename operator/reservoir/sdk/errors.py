@@ -6,13 +6,20 @@ class ReservoirError(Exception):
 
 
 class StaleClaimError(ReservoirError):
-    """The claim moved on (settled, expired, replaced by a new attempt): the caller's view is
-    stale and the action it wanted no longer applies."""
+    """The claim moved on (settled, expired, cancelled, being deleted, replaced by a new
+    attempt, or held by another worker): the caller's view is stale and the action it wanted
+    no longer applies."""
 
 
 class LeaseUncertainError(ReservoirError):
-    """The lease cannot be confirmed (expiring, or a renewal not acknowledged): stop
-    starting irreversible work until the claim is read and renewed again."""
+    """The lease cannot be confirmed (expiring, a renewal not acknowledged, or the claim's
+    Lease held by another holder): stop starting irreversible work until the claim is read
+    and renewed again."""
+
+
+class NotReservedError(ReservoirError):
+    """The claim holds no capacity yet (still Pending, or not admitted at all): there is
+    nothing to dispatch. Wait until it is Tentative, then try again."""
 
 
 class ClaimNotFoundError(ReservoirError):

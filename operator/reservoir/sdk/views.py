@@ -2,18 +2,40 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from reservoir.core.model import BranchClaimSpec, BranchClaimStatus, ClaimPhase
+from reservoir.core.model import (
+    BranchClaimSpec,
+    BranchClaimStatus,
+    ClaimPhase,
+    EnvelopePhase,
+    EnvelopeState,
+    LedgerEntry,
+    Settlement,
+)
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
+
+# Envelope phases in which the operator extends no lease and admits no work.
+NOT_ACCEPTING_PHASES = frozenset(
+    {EnvelopePhase.CLOSING, EnvelopePhase.CLOSED, EnvelopePhase.EXPIRED}
+)
 
 
 @dataclass(frozen=True)
 class ClaimView:
     """A claim as last read: pass it back to the next verb, which is fenced by its
-    resourceVersion."""
+    resourceVersion.
+
+    Two records describe a claim. Its envelope's ledger (`entry`, keyed by the claim's UID)
+    is authoritative; the claim's own `status` mirrors it and lags it. A settled entry may
+    be compacted out of the ledger once the claim's status carries the settlement, so the
+    `ledger_*` properties and `settlement` read the entry when there is one and the status
+    otherwise. `phase`, `expires_at` and `renewals` are the status mirror, as `kubectl get`
+    shows it. The verbs always decide on the authoritative record, read afresh.
+    """
 
     name: str
     namespace: str
@@ -21,6 +43,14 @@ class ClaimView:
     resource_version: str
     spec: BranchClaimSpec
     status: BranchClaimStatus
+    deleting: bool = False  # metadata.deletionTimestamp is set
+    # The claim's line in its envelope's ledger (None: not admitted, compacted, or the
+    # envelope was not read); `ledger_read` says whether the envelope was read at all.
+    entry: LedgerEntry | None = None
+    ledger_read: bool = False
+    envelope_deleting: bool = False
+    # False once the envelope is closed, expired or deleting: no lease is extended.
+    envelope_accepting: bool = True
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> ClaimView:
@@ -32,7 +62,42 @@ class ClaimView:
             resource_version=meta["resourceVersion"],
             spec=BranchClaimSpec.model_validate(obj.get("spec") or {}),
             status=BranchClaimStatus.model_validate(obj.get("status") or {}),
+            deleting=bool(meta.get("deletionTimestamp")),
         )
+
+    def with_ledger(self, envelope: dict[str, Any] | None) -> ClaimView:
+        """This view with its entry from `envelope` (a ReservationEnvelope as read; None
+        when it does not exist)."""
+        if envelope is None:
+            return dataclasses.replace(
+                self, entry=None, ledger_read=True, envelope_deleting=False, envelope_accepting=True
+            )
+        status = EnvelopeStatus.model_validate(envelope.get("status") or {})
+        deleting = bool((envelope.get("metadata") or {}).get("deletionTimestamp"))
+        closed = (envelope.get("spec") or {}).get("state") == EnvelopeState.CLOSED.value
+        return dataclasses.replace(
+            self,
+            entry=status.entries.get(self.uid),
+            ledger_read=True,
+            envelope_deleting=deleting,
+            envelope_accepting=not (deleting or closed or status.phase in NOT_ACCEPTING_PHASES),
+        )
+
+    def with_object(self, obj: dict[str, Any]) -> ClaimView:
+        """The claim object `obj` (a newer read or a write's answer) with this view's ledger."""
+        fresh = ClaimView.from_api(obj)
+        return dataclasses.replace(
+            self,
+            name=fresh.name,
+            namespace=fresh.namespace,
+            uid=fresh.uid,
+            resource_version=fresh.resource_version,
+            spec=fresh.spec,
+            status=fresh.status,
+            deleting=fresh.deleting,
+        )
+
+    # --- the status mirror (what `kubectl get` shows) ------------------------------------
 
     @property
     def phase(self) -> ClaimPhase:
@@ -48,6 +113,28 @@ class ClaimView:
 
     def condition(self, kind: str) -> bool:
         return any(c.type == kind and c.status == "True" for c in self.status.conditions)
+
+    # --- the authoritative record: the ledger entry if there is one, else the status ----
+
+    @property
+    def ledger_phase(self) -> ClaimPhase:
+        return self.entry.phase if self.entry is not None else self.status.phase
+
+    @property
+    def ledger_expires_at(self) -> datetime | None:
+        return self.entry.expires_at if self.entry is not None else self.expires_at
+
+    @property
+    def ledger_renewals(self) -> int:
+        return self.entry.renewals if self.entry is not None else self.renewals
+
+    @property
+    def settlement(self) -> Settlement | None:
+        return self.entry.settlement if self.entry is not None else self.status.settlement
+
+    @property
+    def settled(self) -> bool:
+        return self.ledger_phase.terminal or self.settlement is not None
 
 
 @dataclass(frozen=True)
