@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from reservoir import crdgen
+from reservoir.core.quantity import MAX_QUANTITY, QUANTITY_PATTERN, parse_quantity
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -45,3 +48,78 @@ def test_schemas_are_structural_and_bounded() -> None:
                 assert "maxItems" in node, f"{path}: unbounded list"
             if node.get("type") == "string" and "enum" not in node and "format" not in node:
                 assert "maxLength" in node, f"{path}: unbounded string"
+
+
+def checked_in_schemas() -> list[tuple[str, dict[str, Any]]]:
+    """The openAPIV3Schema of every CRD version in crds/, read now."""
+    found = []
+    for file in sorted(CRDS.glob("*.yaml")):
+        for doc in yaml.safe_load_all(file.read_text()):
+            if doc and doc.get("kind") == "CustomResourceDefinition":
+                for version in doc["spec"]["versions"]:
+                    name = f"{doc['spec']['names']['kind']}/{version['name']}"
+                    found.append((name, version["schema"]["openAPIV3Schema"]))
+    assert len(found) >= 2, "both CRDs are in crds/"
+    return found
+
+
+def schema_nodes(
+    node: dict[str, Any], path: str = "", parent: dict[str, Any] | None = None, name: str = ""
+) -> list[tuple[str, dict[str, Any], dict[str, Any] | None, str]]:
+    """Every schema node, with its dotted path, its parent node and its name there
+    ("*" for a map's values, "[]" for list items)."""
+    found = [(path, node, parent, name)]
+    for key, child in node.get("properties", {}).items():
+        found += schema_nodes(child, f"{path}.{key}", node, key)
+    if isinstance(node.get("additionalProperties"), dict):
+        found += schema_nodes(node["additionalProperties"], f"{path}.*", node, "*")
+    if isinstance(node.get("items"), dict):
+        found += schema_nodes(node["items"], f"{path}[]", node, "[]")
+    return found
+
+
+def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> None:
+    """One definition: the schema's quantity pattern is the parser's, every quantity map
+    carries the 1E bound the parser enforces, and nothing else uses a pattern."""
+    assert parse_quantity("1E") == MAX_QUANTITY
+    quantity_maps = 0
+    for kind, schema in checked_in_schemas():
+        for path, node, parent, name in schema_nodes(schema):
+            if "pattern" not in node:
+                continue
+            assert node["pattern"] == QUANTITY_PATTERN, f"{kind} {path}: another grammar"
+            assert node.get("type") == "string", f"{kind} {path}"
+            assert name == "*" and parent is not None, f"{kind} {path}: a quantity outside a map"
+            rules = [v["rule"] for v in parent.get("x-kubernetes-validations", [])]
+            bound = "self.all(k, quantity(self[k]).compareTo(quantity('1E')) <= 0)"
+            assert bound in rules, f"{kind} {path}: no 1E bound on this map"
+            quantity_maps += 1
+    assert quantity_maps >= 10, "the walk found the quantity maps"
+
+
+def test_no_transition_rule_sits_on_a_field_that_can_be_removed() -> None:
+    """A transition rule (oldSelf) only runs when its field exists before and after a write.
+    So the field, and each object above it, must be required or have a schema default that
+    the API server fills back in; tests/integration/test_crd_rules.py shows it live."""
+    transition_rules = 0
+    for kind, schema in checked_in_schemas():
+        nodes = {path: (node, parent, name) for path, node, parent, name in schema_nodes(schema)}
+        for path, (node, _, _) in nodes.items():
+            rules = [v["rule"] for v in node.get("x-kubernetes-validations", [])]
+            if not any("oldSelf" in rule for rule in rules):
+                continue
+            transition_rules += 1
+            assert "*" not in path.split(".") and "[]" not in path, (
+                f"{kind} {path}: a transition rule under a map or list is skipped when its "
+                "entry is removed"
+            )
+            step = path
+            while step:  # the field, then each parent up to (not including) the root
+                field, parent, name = nodes[step]
+                assert parent is not None
+                assert name in parent.get("required", []) or "default" in field, (
+                    f"{kind} {path}: {step} is neither required nor defaulted, so removing it "
+                    "skips the rule"
+                )
+                step = step.rsplit(".", 1)[0]
+    assert transition_rules >= 8, "the walk found the transition rules"

@@ -192,6 +192,29 @@ class LedgerAudit(RuleBasedStateMachine):
                 capped = min(amount, entry.reserved.get(resource, Decimal(0)))
                 seen[resource] = max(seen.get(resource, Decimal(0)), capped)
         result = reconcile(self.envelope_facts, self.status, list(facts.values()), self.now)
+        # A claim whose object vanished unsettled may settle and leave the ledger in one
+        # pass: the auditor reads that settlement from the pass's events instead.
+        for uid, before in self.status.entries.items():
+            if uid in result.status.entries or before.phase.terminal or uid in facts:
+                continue
+            settled = [e for e in result.events if e.uid == uid and e.phase and e.phase.terminal]
+            assert len(settled) == 1, f"{uid} left the ledger without one settlement"
+            reason = settled[0].reason
+            if reason == "AmbiguityDeadlineQuarantine":
+                charged = dict(before.reserved)
+            elif reason in ("AmbiguityDeadlineRelease", "ForceSettled"):
+                charged = dict(self.seen_usage.get(uid, {}))
+            else:
+                assert before.committed_at is None or reason in (
+                    "Completed",
+                    "SettledAfterDetach",
+                ), f"{uid} committed, then returned capacity by {reason}"
+                charged = {}
+            self.settled[uid] = Settlement(
+                key=uid, phase=settled[0].phase, reason=reason, at=self.now
+            )
+            for resource, amount in charged.items():
+                self.expected_committed[resource] += amount
         for uid, entry in result.status.entries.items():
             if uid not in self.status.entries and entry.phase.holds_capacity:
                 fact = facts[uid]

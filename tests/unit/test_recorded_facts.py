@@ -187,11 +187,7 @@ def test_a_late_report_after_compaction_is_still_recorded() -> None:
 
 
 def test_settled_claims_past_their_ttl_are_named_for_deletion() -> None:
-    sim = Sim()
-    sim.envelope = sim.envelope.__class__(
-        spec=sim.envelope.spec.model_copy(update={"settled_claim_ttl_seconds": 30}),
-        created_at=sim.envelope.created_at,
-    )
+    sim = Sim(settledClaimTTLSeconds=30)
     sim.create("a").create("b").reconcile().cancel("a").reconcile().mirror().reconcile()
     assert sim.last is not None and sim.last.expired_claims == []
     assert sim.last.wake_at is not None and sim.last.wake_at <= sim.now + timedelta(seconds=30)

@@ -26,7 +26,12 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict, JsonValue
 
-from reservoir.core.quantity import QUANTITY_PATTERN, format_quantity, parse_quantity
+from reservoir.core.quantity import (
+    MAX_QUANTITY_LENGTH,
+    QUANTITY_PATTERN,
+    format_quantity,
+    parse_quantity,
+)
 
 API_GROUP = "reservoir.dev"
 API_VERSION = "v1alpha1"
@@ -45,7 +50,9 @@ Quantity = Annotated[
     Decimal,
     BeforeValidator(parse_quantity),
     PlainSerializer(format_quantity, return_type=str),
-    WithJsonSchema({"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": 40}),
+    WithJsonSchema(
+        {"type": "string", "pattern": QUANTITY_PATTERN, "maxLength": MAX_QUANTITY_LENGTH}
+    ),
 ]
 
 RESOURCE_NAME_RULE: JsonDict = {
@@ -231,6 +238,15 @@ class EnvelopePolicy(Model):
         description="Wait: a claim that does not fit waits Pending in priority order. "
         "Fail: it is Rejected at once with a reason the caller can act on.",
     )
+    settled_claim_ttl_seconds: int | None = Field(
+        default=None,
+        alias="settledClaimTTLSeconds",
+        ge=0,
+        le=MAX_SECONDS,
+        description="The operator deletes a settled claim this long after its settlement "
+        "(the claim's status keeps the record until then). Unset: settled claims stay until "
+        "someone deletes them.",
+    )
     ambiguity_deadline_seconds: int = Field(
         default=600,
         ge=1,
@@ -282,14 +298,6 @@ class ReservationEnvelopeSpec(Model):
     )
     policy: EnvelopePolicy = Field(
         default_factory=EnvelopePolicy, description="Admission, lease and deadline policy."
-    )
-    settled_claim_ttl_seconds: int | None = Field(
-        default=None,
-        ge=0,
-        le=MAX_SECONDS,
-        description="The operator deletes a settled claim this long after its settlement "
-        "(the claim's status keeps the record until then). Unset: settled claims stay until "
-        "someone deletes them.",
     )
 
 
@@ -601,6 +609,9 @@ class BranchClaimSpec(Model):
     )
     commit_point: CommitPoint = Field(
         default=CommitPoint.DISPATCH,
+        json_schema_extra=immutable(
+            "commitPoint is immutable: what makes a claim chargeable cannot change under it"
+        ),
         description="Dispatch: the claim commits when spec.dispatch becomes true. "
         "PodScheduled/PodRunning: when its workload pod binds/starts.",
     )

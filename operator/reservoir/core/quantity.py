@@ -17,6 +17,7 @@ from decimal import Context, Decimal, InvalidOperation, localcontext
 
 __all__ = [
     "MAX_QUANTITY",
+    "MAX_QUANTITY_LENGTH",
     "QUANTITY_PATTERN",
     "QuantityError",
     "ResourceMap",
@@ -52,6 +53,7 @@ QUANTITY_PATTERN = (
     + ")$"
 )
 _QUANTITY = re.compile(QUANTITY_PATTERN)
+MAX_QUANTITY_LENGTH = 40
 
 _SUFFIX: dict[str, Decimal] = {
     "": Decimal(1),
@@ -90,9 +92,10 @@ def parse_quantity(value: str | int | Decimal) -> Decimal:
     elif isinstance(value, int):
         number = Decimal(value)
     elif isinstance(value, str):
-        text = value.strip()
-        match = _QUANTITY.match(text)
-        if match is None:
+        text = value
+        # fullmatch: `$` alone would let a trailing newline through, which the API
+        # server's pattern does not; no stripping, for the same reason.
+        if len(text) > MAX_QUANTITY_LENGTH or _QUANTITY.fullmatch(text) is None:
             raise QuantityError(
                 f"{value!r} is not a non-negative Kubernetes quantity "
                 "with at most nine decimal places once its unit is applied "

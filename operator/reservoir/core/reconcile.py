@@ -173,7 +173,7 @@ def _settled_ttl(
 ) -> datetime | None:
     """Names the settled claims past the envelope's settledClaimTTLSeconds (the operator
     deletes them) and returns when the next one will be."""
-    ttl = envelope.spec.settled_claim_ttl_seconds
+    ttl = envelope.spec.policy.settled_claim_ttl_seconds
     if ttl is None:
         return None
     upcoming: list[datetime] = []
