@@ -73,7 +73,7 @@ def baseline(kubeconfig: str, namespace: str, claims: int, workers: int) -> floa
     def one(index: int) -> None:
         name = f"raw-{index}"
         client.create(raw(metadata=ObjectMeta(name=name, namespace=namespace), spec={"n": 1}))
-        for spec in ({"intent": "Dispatch"}, {"usage": "5", "final": True}):
+        for spec in ({"dispatch": True}, {"usage": "5", "final": True}):
             client.patch(raw, name, {"spec": spec}, namespace=namespace, patch_type=PatchType.MERGE)
         client.patch(
             raw.Status,

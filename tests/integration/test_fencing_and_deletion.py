@@ -85,7 +85,7 @@ def test_a_dispatch_after_expiry_is_refused_and_recorded(
         sdk.dispatch(sdk.get(claim))
     # A worker that bypasses the SDK is fenced by the operator, and it is recorded.
     cluster.kubectl(
-        "patch", "bclaim", "x", "-n", ns, "--type=merge", "-p", '{"spec": {"intent": "Dispatch"}}'
+        "patch", "bclaim", "x", "-n", ns, "--type=merge", "-p", '{"spec": {"dispatch": true}}'
     )
     eventually("DispatchRefused", lambda: sdk.get(claim).condition("DispatchRefused"))
     assert sdk.get(claim).phase == "Expired"

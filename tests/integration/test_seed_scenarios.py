@@ -12,6 +12,7 @@ from tests.integration.helpers import (
     events_of,
     eventually,
     phase_of,
+    records,
     settled_ledger,
     totals,
     wait_phase,
@@ -80,10 +81,8 @@ def test_parallel_settlement_worked_example_ends_at_37_committed_63_available(
     settled_ledger(sdk, "parent", committed="32", reconciling="20", available="48")
 
     sdk.finish(sdk.get(d), {"tokens": "5"}, outcome="Failed")  # the late report
-    ledger = settled_ledger(
-        sdk, "parent", committed="37", reserved="0", reconciling="0", available="63"
-    )
-    entries = {e.claim: e for e in ledger.status.entries.values()}
+    settled_ledger(sdk, "parent", committed="37", reserved="0", reconciling="0", available="63")
+    entries = records(sdk, "parent")
     assert [str(entries[n].released.get("tokens", 0)) for n in "abcd"] == ["0", "8", "20", "15"]
     assert entries["d"].settlement is not None
     assert entries["d"].settlement.reason == "SettledAfterDetach"
@@ -146,7 +145,7 @@ def test_long_queued_job_renewals_extend_but_never_reset_age_or_queue_position(
     # first although only the younger one heartbeated.
     eventually("the older claim's reservation", lambda: sdk.get(older).status.lease)
     ledger = sdk.ledger("queue").status
-    entries = {e.claim: e for e in ledger.entries.values()}
+    entries = records(sdk, "queue")
     assert entries["job"].phase == "Expired"
     assert entries["job"].released == {"tokens": 70} and not entries["job"].consumed
     older_at = entries["older"].first_reserved_at
