@@ -12,6 +12,7 @@ from tests.integration.conftest import OperatorProcess, StartOperator
 from tests.integration.helpers import (
     committed_claim,
     create_envelope,
+    events_of,
     eventually,
     plugin,
     settled_ledger,
@@ -129,3 +130,38 @@ def test_a_committed_claim_that_vanished_keeps_its_usage_and_the_envelope_settle
     )
     settled_ledger(sdk, "wf", committed="7", reserved="0", reconciling="0")
     eventually("the envelope to close", lambda: sdk.ledger("wf").status.phase.value == "Closed")
+
+
+def test_a_ledger_the_operator_cannot_write_is_reported_on_the_envelope_not_looped_on(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    eventually("the envelope to open", lambda: sdk.ledger("wf").status.phase == "Open")
+    # A ledger that holds a resource the envelope has no budget for: no reconcile can
+    # produce a ledger that keeps the invariant from it.
+    corrupt = {
+        "status": {
+            "entries": {
+                "u-1": {
+                    "claim": "ghost",
+                    "phase": "Committed",
+                    "reserved": {"gpu": "1"},
+                    "committedAt": "2026-01-01T00:00:00Z",
+                }
+            }
+        }
+    }
+    cluster.kubectl(
+        "patch", "renv", "wf", "-n", ns, "--subresource=status", "--type=merge",
+        "-p", json.dumps(corrupt),
+    )  # fmt: skip
+    sdk.hold("wf", "x", {"tokens": "10"}, name="x")  # wakes the envelope's writer
+    condition = eventually(
+        "a LedgerHealthy=False condition",
+        lambda: next(
+            (c for c in sdk.ledger("wf").status.conditions if c.type == "LedgerHealthy"), None
+        ),
+    )
+    assert condition.status == "False" and condition.reason == "InvariantViolation"
+    assert "InvariantViolation" in events_of(cluster, ns, "wf")
+    assert operator.process.poll() is None, "the operator keeps running"

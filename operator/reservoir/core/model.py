@@ -613,7 +613,7 @@ class BranchClaimSpec(Model):
             "commitPoint is immutable: what makes a claim chargeable cannot change under it"
         ),
         description="Dispatch: the claim commits when spec.dispatch becomes true. "
-        "PodScheduled/PodRunning: when its workload pod binds/starts.",
+        "PodScheduled/PodRunning: when its workload pod binds/starts (or did). Immutable.",
     )
     lease: LeaseSettings = Field(default_factory=LeaseSettings, description="Lease settings.")
     placement: Placement | None = Field(
