@@ -374,10 +374,19 @@ def test_entries_of_settled_claims_that_are_gone_are_pruned_and_committed_stays(
     assert sim.available() == "91"
 
 
-def test_a_held_claim_that_vanished_without_settling_is_treated_as_deleted() -> None:
-    sim = Sim().create("a").reconcile().remove("a").reconcile()
-    assert "a" not in sim.status.entries
-    assert sim.available() == "100"
+def test_a_tentative_claim_that_vanished_is_held_until_its_deadline() -> None:
+    """It may have been dispatched after the operator last looked: never released on a guess."""
+    sim = Sim(
+        default_lease_seconds=5, ambiguity_deadline_seconds=5, at_ambiguity_deadline="Release"
+    )
+    sim.create("a").reconcile().remove("a").reconcile()
+    assert sim.phase("a") is P.COMMITTED and sim.entry("a").cancel_requested
+    assert sim.available() == "80"
+    sim.tick(6).reconcile()
+    assert sim.phase("a") is P.DETACHED
+    sim.tick(6).reconcile()
+    assert "a" not in sim.status.entries, "settled by the deadline policy, then pruned"
+    assert (sim.available(), sim.total("committed")) == ("100", "0")
 
 
 # --- the envelope --------------------------------------------------------------------------

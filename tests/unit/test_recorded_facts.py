@@ -317,3 +317,19 @@ def test_replaying_a_reconcile_on_its_own_output_changes_nothing() -> None:
     first = sim.status
     again = reconcile(sim.envelope, first, list(sim.claims.values()), sim.now)
     assert again.status == first
+
+
+def test_a_dispatch_missed_before_the_claim_vanished_settles_like_one_seen() -> None:
+    seen = Sim(default_lease_seconds=5).create("a").reconcile().dispatch("a").reconcile()
+    missed = Sim(default_lease_seconds=5).create("a").reconcile().dispatch("a")
+    for sim in (seen, missed):
+        sim.remove("a").reconcile().tick(6).reconcile()
+        assert sim.phase("a") is P.DETACHED
+        assert (sim.total("reconciling"), sim.available()) == ("20", "80")
+
+
+def test_the_widest_capacity_the_crd_accepts_still_reconciles() -> None:
+    capacity = {f"example.com/{'r' * 50}{i:02}": "1E" for i in range(16)}
+    sim = Sim(capacity=capacity).create("a", {next(iter(capacity)): "1"}).reconcile()
+    assert sim.phase("a") is P.TENTATIVE
+    assert len(sim.status.summary.capacity) <= 1024

@@ -466,7 +466,9 @@ class Upstream(Model):
     )
     state: UpstreamState | None = Field(
         default=None,
-        description="Submitted, Accepted (provider queued it) or Running (compute started).",
+        description="Submitted, Accepted (provider queued it) or Running (compute started). "
+        "Only moves forward and is never removed: Accepted commits the claim, Running "
+        "proves it ran.",
     )
     supports_cancel: bool = Field(default=False, description="Provider can cancel it.")
     supports_status: bool = Field(default=False, description="Provider can report status.")
@@ -523,6 +525,8 @@ EXECUTION_FACTS_UNCHANGED = (
     "(has(oldSelf.upstream) && has(oldSelf.upstream.state) ? oldSelf.upstream.state : '')"
 )
 
+UPSTREAM_RANK = "{'Submitted': 0, 'Accepted': 1, 'Running': 2}"
+
 # Rules over several fields of a claim's spec, checked by the API server (with oldSelf).
 # Every field they read has a schema default or is required, and each rule also reads
 # absent fields as their default through has(): removing a field cannot skip a rule.
@@ -548,6 +552,13 @@ CLAIM_SPEC_RULES: list[JsonValue] = [
         f"({EXECUTION_FACTS_UNCHANGED})",
         "message": "a branch cancelled before dispatch never ran: it cannot report usage or "
         "a provider start",
+    },
+    {
+        "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.state)) || "
+        "(has(self.upstream) && has(self.upstream.state) && "
+        f"{UPSTREAM_RANK}[self.upstream.state] >= {UPSTREAM_RANK}[oldSelf.upstream.state])",
+        "message": "upstream.state is a fact: it only moves forward (Submitted, Accepted, "
+        "Running) and is never removed",
     },
     {
         "rule": "!has(self.final) || !self.final || has(self.outcome)",

@@ -61,6 +61,7 @@ from reservoir.core.policy import (
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
 UNADMITTED_ENTRIES_ROOM = MAX_LEDGER_ENTRIES // 2
+SUMMARY_LENGTH = 1024
 
 
 @dataclass(frozen=True)
@@ -218,14 +219,16 @@ def _effective(facts: ClaimFacts, envelope: EnvelopeFacts) -> ClaimFacts:
 
 
 def _gone(uid: str, entry: LedgerEntry, envelope: EnvelopeFacts) -> ClaimFacts:
-    """Stand-in facts for a claim whose object is gone: exactly what its entry recorded
-    (a commit stays a commit, recorded usage stays recorded), deleted, and settled by a
-    person only if the envelope names it."""
+    """Stand-in facts for a claim whose object is gone (its finalizer removed by hand):
+    what its entry recorded (recorded usage stays recorded), dispatched as far as anyone
+    can tell, deleted, and settled by its deadline or by a person the envelope names."""
+    # A Tentative claim that vanished may have been dispatched after the operator last
+    # looked: it is held like a dispatched one, never released on a guess.
     spec = BranchClaimSpec(
         envelope="-",
         attempt=entry.attempt,
         requests=entry.reserved,
-        dispatch=entry.committed_at is not None,
+        dispatch=True,
         cancel=True,
         usage=entry.usage,
     )
@@ -364,6 +367,13 @@ def _admit_one(
     return blocked_by
 
 
+def _one_line(resources: Mapping[str, Decimal]) -> str:
+    """Totals for printer columns, cut to the summary field's bound: 16 long resource names
+    at 1E each do not fit in one column, and the totals hold the exact figures anyway."""
+    text = render(resources)
+    return text if len(text) <= SUMMARY_LENGTH else text[: SUMMARY_LENGTH - 1] + "…"
+
+
 def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: datetime) -> None:
     ledger = result.status
     live = any(e.phase.holds_capacity for e in ledger.entries.values())
@@ -386,9 +396,9 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
         counts[ClaimPhase.PENDING.value] = len(result.pending)
     ledger.counts = dict(sorted(counts.items()))
     ledger.summary = EnvelopeSummary(
-        capacity=render(ledger.totals.capacity),
-        available=render(ledger.totals.available),
-        committed=render(ledger.totals.committed),
+        capacity=_one_line(ledger.totals.capacity),
+        available=_one_line(ledger.totals.available),
+        committed=_one_line(ledger.totals.committed),
         live=sum(1 for e in ledger.entries.values() if e.phase.holds_capacity),
     )
     open_ = ledger.phase is EnvelopePhase.OPEN

@@ -11,11 +11,30 @@ from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.ledger_writer import LedgerStuckError
+from reservoir.k8s.resources import FORCE_SETTLE_GONE_ANNOTATION
 from reservoir.services import Services
 
 ENVELOPES = (API_GROUP, API_VERSION, "reservationenvelopes")
 IDLE_WAKEUP_SECONDS = 30.0
 REMIND_EVERY_RETRIES = 30  # retries come every 2 s: about once a minute
+
+
+def _has_news(body: kopf.Body, **_: Any) -> bool:
+    """A spec the ledger has not reconciled yet (closed, grown, re-policied), or a person's
+    decision about entries whose claims are gone. The ledger's own writes are no news."""
+    observed = (body.get("status") or {}).get("observedGeneration")
+    annotations = body.get("metadata", {}).get("annotations") or {}
+    return observed != body.get("metadata", {}).get("generation") or (
+        FORCE_SETTLE_GONE_ANNOTATION in annotations
+    )
+
+
+@kopf.on.event(*ENVELOPES, when=_has_news)
+async def wake_the_ledger(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A change to the envelope itself is a fact for its ledger, like any claim's."""
+    services: Services = memo.services
+    if namespace:
+        services.writer.poke(namespace, name)
 
 
 @kopf.daemon(*ENVELOPES, cancellation_timeout=5.0)

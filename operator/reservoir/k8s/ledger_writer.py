@@ -160,6 +160,9 @@ class LedgerWriter:
             result = reconcile(envelope_facts, status, claim_facts, now)
         except InvariantViolationError as error:
             await self._refused(envelope, "InvariantViolation", str(error))
+        except Exception as error:  # a bug in the core: report it, never loop on it blindly
+            log.exception("reconciling %s/%s failed", namespace, name)
+            await self._refused(envelope, "ReconcileFailed", f"{type(error).__name__}: {error}")
         if result.status != status:
             version = envelope["metadata"]["resourceVersion"]
             body = ReservationEnvelope.Status(
