@@ -3,17 +3,27 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
+from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, status_bytes
+from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
+    MAX_RESOURCES,
+    BranchClaimSpec,
     ClaimPhase,
+    EnvelopePolicy,
     LateReport,
     LedgerEntry,
     Overrun,
+    ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
     Settlement,
 )
+from reservoir.core.model import ClaimPhase as P
+from reservoir.core.reconcile import EnvelopeFacts, reconcile
+from tests.unit.sim import Sim
 
 ETCD_OBJECT_LIMIT = 1_572_864  # etcd's default --max-request-bytes (1.5 MiB)
 NOW = datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC)
@@ -60,3 +70,70 @@ def test_a_full_ledger_fits_in_etcd_with_a_wide_margin() -> None:
     size = len(json.dumps({"status": status.to_api()}))
     print(f"full ledger ({MAX_LEDGER_ENTRIES} heavy entries): {size / 1024:.0f} KiB")
     assert size < ETCD_OBJECT_LIMIT * 0.75, f"{size} bytes leaves too little margin"
+
+
+# --- the byte budget: no schema-valid input can push the ledger past it ---------------
+
+
+def test_the_byte_budget_leaves_a_wide_margin_in_etcd_with_managed_fields() -> None:
+    # managedFields measured at about 0.75 of the status against the real API server
+    assert LEDGER_BYTES_BUDGET * 1.75 < ETCD_OBJECT_LIMIT * 0.75
+
+
+def test_the_widest_claims_the_schema_allows_never_push_the_ledger_past_its_budget() -> None:
+    resources = {f"example.com/{'r' * 49}{i:02d}": "1E" for i in range(MAX_RESOURCES)}
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(
+            capacity=resources, policy=EnvelopePolicy(max_active_claims=256)
+        ),
+        created_at=NOW,
+    )
+    claims = {
+        f"00000000-0000-0000-0000-{i:012d}": ClaimFacts(
+            uid=f"00000000-0000-0000-0000-{i:012d}",
+            name=f"{'c' * 247}-{i:05d}",
+            created_at=NOW,
+            spec=BranchClaimSpec(
+                envelope="e" * 253,
+                branch="b" * 253,
+                requests={r: "1" for r in resources},
+                dispatch=True,
+            ),
+            heartbeat="h" * 128,
+        )
+        for i in range(MAX_LEDGER_ENTRIES)
+    }
+    result = reconcile(envelope, ReservationEnvelopeStatus(), list(claims.values()), NOW)
+    admitted = [uid for uid, e in result.status.entries.items() if e.phase is P.COMMITTED]
+    assert 0 < len(admitted) < MAX_LEDGER_ENTRIES, "the budget, not the count, stopped it"
+    assert {result.pending[u].reason for u in claims if u not in admitted} == {"LedgerFull"}
+    # Every admitted claim reports the largest overrun it can and finishes; then its pod
+    # starts late and it reports again: the ledger grows as far as it ever can.
+    huge = {r: "999999999999999999.999999999" for r in resources}
+    for uid in admitted:
+        spec = BranchClaimSpec.model_validate(
+            {**claims[uid].spec.model_dump(), "usage": huge, "final": True, "outcome": "Failed"}
+        )
+        claims[uid] = replace(claims[uid], spec=spec)
+    status = reconcile(envelope, result.status, list(claims.values()), NOW).status
+    assert all(status.entries[u].phase is P.CONSUMED for u in admitted)
+    for uid in admitted:
+        spec = BranchClaimSpec.model_validate(
+            {**claims[uid].spec.model_dump(), "outcome": "Succeeded"}
+        )
+        claims[uid] = replace(claims[uid], spec=spec, pod=PodFacts(scheduled=True, running=True))
+    status = reconcile(envelope, status, list(claims.values()), NOW).status
+    size = status_bytes(status)
+    print(f"widest ledger: {len(admitted)} entries, {size / 1024:.0f} KiB")
+    assert size <= LEDGER_BYTES_BUDGET
+
+
+def test_the_budget_still_admits_a_wide_fan_out_of_ordinary_claims() -> None:
+    sim = Sim(capacity={"tokens": "10M", "cost": "1000", "nvidia.com/gpu": "512"})
+    for i in range(256):
+        sim.create(f"research-agent-branch-{i:04d}", {"tokens": "20k", "cost": "1.50"})
+    sim.reconcile()
+    admitted = sum(
+        1 for i in range(256) if sim.phase(f"research-agent-branch-{i:04d}") is P.TENTATIVE
+    )
+    assert admitted == 256

@@ -66,16 +66,8 @@ def test_a_final_overrun_after_detach_is_charged_r_under_any_deadline_policy() -
 
 
 def test_the_release_deadline_charges_the_usage_already_reported() -> None:
-    sim = Sim(default_lease_seconds=5, ambiguity_deadline_seconds=10)
-    sim.envelope = sim.envelope.__class__(
-        spec=sim.envelope.spec.model_copy(
-            update={
-                "policy": sim.envelope.spec.policy.model_copy(
-                    update={"at_ambiguity_deadline": "Release"}
-                )
-            }
-        ),
-        created_at=sim.envelope.created_at,
+    sim = Sim(
+        default_lease_seconds=5, ambiguity_deadline_seconds=10, at_ambiguity_deadline="Release"
     )
     sim.create("a").reconcile().dispatch("a").usage("a", "15").reconcile()
     sim.tick(6).reconcile().tick(11).reconcile()

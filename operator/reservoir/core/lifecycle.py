@@ -106,7 +106,13 @@ class Step:
     entry: LedgerEntry
     facts: ClaimFacts
     now: datetime
+    # The envelope's resources: reports are recorded over these only, so an entry's size
+    # is bounded by its envelope (see reservoir.core.ledgersize), whatever a worker sends.
+    dimensions: frozenset[str] | None = None
     events: list[LedgerEvent] = field(default_factory=list)
+
+    def kept(self, usage: Mapping[str, Decimal]) -> dict[str, Decimal]:
+        return {k: v for k, v in usage.items() if self.dimensions is None or k in self.dimensions}
 
     def note(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(LedgerEvent(self.facts.uid, self.facts.name, reason, message, warning))
@@ -140,7 +146,7 @@ def settle(
     )
     # The report as it stands at settlement is the baseline: only a different one is late.
     spec = step.facts.spec
-    entry.late = LateReport(usage=dict(spec.usage), final=spec.final, outcome=spec.outcome)
+    entry.late = LateReport(usage=step.kept(spec.usage), final=spec.final, outcome=spec.outcome)
     step.move(phase, reason, message or f"settled: {reason}")
 
 
@@ -192,11 +198,13 @@ def advance(
     policy: EnvelopePolicy,
     now: datetime,
     renewals_open: bool = True,
+    dimensions: frozenset[str] | None = None,
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
-    deleting): its claims' leases are not extended."""
-    step = Step(entry, facts, now)
+    deleting): its claims' leases are not extended. `dimensions` are the envelope's
+    resources, the only ones reports are recorded over."""
+    step = Step(entry, facts, now, dimensions)
     if entry.phase.terminal:
         record_after_settlement(step)
         return step.events
@@ -230,14 +238,15 @@ def record_usage(step: Step) -> None:
     }
     if recorded != entry.usage:
         entry.usage = recorded
-    excess = {k: v - entry.reserved.get(k, ZERO) for k, v in spec.usage.items()}
+    reported = step.kept(spec.usage)
+    excess = {k: v - entry.reserved.get(k, ZERO) for k, v in reported.items()}
     excess = {k: v for k, v in excess.items() if v > ZERO}
     if not excess:
         return
     seen = entry.overrun
-    if seen is not None and (seen.usage, seen.final) == (dict(spec.usage), spec.final):
+    if seen is not None and (seen.usage, seen.final) == (reported, spec.final):
         return
-    entry.overrun = Overrun(usage=dict(spec.usage), excess=excess, final=spec.final, at=step.now)
+    entry.overrun = Overrun(usage=reported, excess=excess, final=spec.final, at=step.now)
     step.note(
         "Overrun",
         f"usage above the reservation for {', '.join(sorted(excess))}: the branch ran; it is "
@@ -394,11 +403,12 @@ def record_after_settlement(step: Step) -> None:
             warning=True,
         )
     late = entry.late or LateReport()
-    if (late.usage, late.final, late.outcome) == (dict(spec.usage), spec.final, spec.outcome):
+    reported = step.kept(spec.usage)
+    if (late.usage, late.final, late.outcome) == (reported, spec.final, spec.outcome):
         return  # the report the claim settled with, or a late one already recorded
     entry.late = LateReport(
         count=late.count + 1,
-        usage=dict(spec.usage),
+        usage=reported,
         final=spec.final,
         outcome=spec.outcome,
         at=step.now,

@@ -27,6 +27,7 @@ from decimal import Decimal
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import add, compute_totals, render, subtract
+from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
     LedgerEvent,
@@ -86,6 +87,8 @@ class Reconciliation:
     status: ReservationEnvelopeStatus
     now: datetime
     events: list[LedgerEvent] = field(default_factory=list)
+    dimensions: frozenset[str] = frozenset()  # the envelope's resources
+    room_bytes: int = 0  # what the ledger's byte budget still has for new entries
     pending: dict[str, Admission] = field(default_factory=dict)  # claim uid -> why waiting
     # settled claims whose record lives in their own status, not the ledger: uid -> record
     off_ledger: dict[str, LedgerEntry] = field(default_factory=dict)
@@ -102,7 +105,8 @@ def reconcile(
     claims: Sequence[ClaimFacts],
     now: datetime,
 ) -> Reconciliation:
-    result = Reconciliation(status=status.model_copy(deep=True), now=now)
+    dimensions = frozenset(envelope.spec.capacity)
+    result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
     ledger = result.status
     policy = envelope.spec.policy
     renewals_open = envelope.accepting(now)
@@ -118,7 +122,7 @@ def reconcile(
                 continue  # settled and gone: pruned below
             facts = _gone(uid, entry, envelope)
         was_settled = entry.settlement is not None
-        result.events += advance(entry, facts, policy, now, renewals_open)
+        result.events += advance(entry, facts, policy, now, renewals_open, dimensions)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
 
@@ -128,7 +132,7 @@ def reconcile(
         if facts.uid in ledger.entries or record is None:
             continue
         record = record.model_copy(deep=True)
-        events = advance(record, facts, policy, now)
+        events = advance(record, facts, policy, now, dimensions=dimensions)
         if events:
             result.events += events
             result.off_ledger[facts.uid] = record
@@ -140,6 +144,7 @@ def reconcile(
     waiting.sort(key=lambda c: QueueKey(c.spec.priority, c.created_at, c.name, c.uid).sort_key())
     blocked_by: str | None = None
     balance = compute_totals(envelope.spec.capacity, committed, ledger.entries.values()).available
+    result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     for facts in waiting:
         blocked_by = _admit_one(result, envelope, facts, balance, blocked_by, now)
 
@@ -260,13 +265,15 @@ def _close_unadmitted(
     gets a ledger entry only while there is plenty of room; otherwise the verdict is
     recorded in the claim's status alone: it moves no capacity either way."""
     entry = _new_entry(facts, {})
-    step = Step(entry, facts, result.now)
+    step = Step(entry, facts, result.now, result.dimensions)
     settle(step, phase, reason, message=message, outcome=facts.spec.outcome)
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
     record_after_settlement(step)
-    if len(result.status.entries) < UNADMITTED_ENTRIES_ROOM:
+    size = projected_bytes(entry, result.dimensions)
+    if len(result.status.entries) < UNADMITTED_ENTRIES_ROOM and size <= result.room_bytes:
         result.status.entries[facts.uid] = entry
+        result.room_bytes -= size
     else:
         result.off_ledger[facts.uid] = entry
     result.events += step.events
@@ -343,6 +350,19 @@ def _admit_one(
         will_be_tentative=not spec.dispatch,
         policy=policy,
     )
+    entry = _new_entry(facts, dict(spec.requests))
+    entry.phase = ClaimPhase.TENTATIVE
+    entry.first_reserved_at = now
+    entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
+    entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
+    size = projected_bytes(entry, result.dimensions)
+    if decision.admitted and size > result.room_bytes:
+        decision = Admission(
+            False,
+            "LedgerFull",
+            "the envelope's ledger is at its size budget (it must fit in one etcd object): "
+            "waiting for settled entries to be compacted",
+        )
     if not decision.admitted:
         if policy.fallback is Fallback.FAIL:
             _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
@@ -353,17 +373,13 @@ def _admit_one(
         return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
 
     available.update(subtract(available, spec.requests))
-    entry = _new_entry(facts, dict(spec.requests))
-    entry.phase = ClaimPhase.TENTATIVE
-    entry.first_reserved_at = now
-    entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
-    entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
+    result.room_bytes -= size
     entries[facts.uid] = entry
     result.events.append(
         LedgerEvent(facts.uid, facts.name, "Reserved", "capacity reserved", False, entry.phase)
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
-    result.events += advance(entry, facts, policy, now, envelope.accepting(now))
+    result.events += advance(entry, facts, policy, now, envelope.accepting(now), result.dimensions)
     return blocked_by
 
 

@@ -176,10 +176,12 @@ class LedgerWriter:
                 if error.status.code == 409:
                     metrics.ledger_writes.labels(namespace, "conflict").inc()
                     return Conflict()
-                if 400 <= (error.status.code or 0) < 500:
-                    metrics.ledger_writes.labels(namespace, "refused").inc()
-                    await self._refused(envelope, "WriteRefused", str(error.status.message))
-                raise
+                # Anything else (422, 413, a 500 for an object etcd will not store) would
+                # come back the same on every retry: say so on the envelope, retry later.
+                metrics.ledger_writes.labels(namespace, "refused").inc()
+                await self._refused(
+                    envelope, "WriteRefused", f"{error.status.code}: {error.status.message}"
+                )
             metrics.ledger_writes.labels(namespace, "written").inc()
         else:
             metrics.ledger_writes.labels(namespace, "unchanged").inc()

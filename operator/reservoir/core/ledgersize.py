@@ -1,0 +1,66 @@
+"""How big an envelope's ledger may grow: its status must always fit in one etcd object.
+
+etcd refuses an object above ~1.5 MiB, and the API server stores the status twice over in
+effect (the status itself, plus its managedFields, measured at about 0.75 of the status).
+So the ledger keeps a byte budget for its status JSON, and admits a claim (or records an
+entry for a claim that never held anything) only while the budget has room for the
+entry's *largest possible* future: every map it can still gain (usage, consumed,
+released, the late-report baseline, an overrun's usage and excess) at the longest
+quantity, over the envelope's resources, plus every scalar it can still gain. Reports are
+recorded over the envelope's resources only, so nothing a worker sends can push an entry
+past that. The budget can therefore never be crossed by settlement, late reports or
+overruns, whatever the schema lets people write.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from reservoir.core.model import (
+    MAX_CONDITIONS,
+    LedgerEntry,
+    ReservationEnvelopeStatus,
+)
+
+# The status JSON; with managedFields and the rest of the object, about 1.1 MiB stored.
+LEDGER_BYTES_BUDGET = 640 * 1024
+LONGEST_QUANTITY = len('"1000000000000000000.000000000"')  # 1E with nine decimals, quoted
+ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
+# Scalars an admitted entry can still gain: commit, start and detach times, a heartbeat,
+# a deadline action, the settlement record, late-report and overrun bookkeeping.
+GROWING_SCALARS_BYTES = 1024
+# Totals (five maps), the summary (three strings of at most 1024), counts, conditions.
+CONDITION_BYTES = 1400
+
+
+def map_bytes(dimensions: Iterable[str]) -> int:
+    """The most one resource map over `dimensions` can take: `"name":"quantity",` each."""
+    return 2 + sum(len(name) + 4 + LONGEST_QUANTITY for name in dimensions)
+
+
+def base_bytes(dimensions: frozenset[str]) -> int:
+    """Everything in the status but the entries, at its largest."""
+    return 5 * map_bytes(dimensions) + 3 * 1040 + 512 + MAX_CONDITIONS * CONDITION_BYTES
+
+
+def entry_bytes(entry: LedgerEntry) -> int:
+    return ENTRY_KEY_BYTES + len(entry.model_dump_json(by_alias=True, exclude_none=True))
+
+
+def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
+    """The most this entry can ever take: its size now plus all it can still gain."""
+    size = entry_bytes(entry)
+    if entry.settlement is not None:
+        return size + map_bytes(dimensions)  # a late report replaces the baseline's usage
+    reserved = map_bytes(entry.reserved)
+    return size + 3 * reserved + 3 * map_bytes(dimensions) + GROWING_SCALARS_BYTES
+
+
+def ledger_bytes(entries: Iterable[LedgerEntry], dimensions: frozenset[str]) -> int:
+    """The most the ledger's status can ever take with these entries."""
+    return base_bytes(dimensions) + sum(projected_bytes(e, dimensions) for e in entries)
+
+
+def status_bytes(status: ReservationEnvelopeStatus) -> int:
+    """What the status takes now, as written."""
+    return len(status.model_dump_json(by_alias=True, exclude_none=True))
