@@ -941,16 +941,19 @@ def test_an_envelope_without_capacity_cannot_be_created(
         assert not api.exists("ReservationEnvelope", space, name)
 
 
-def _put(capacity: Any) -> Callable[[Api, str, str], Reply]:
-    def write(api: Api, ns: str, name: str) -> Reply:
-        obj = api.get("ReservationEnvelope", ns, name)
-        if capacity is MISSING:
-            del obj["spec"]["capacity"]
-        else:
-            obj["spec"]["capacity"] = capacity
-        return api.put(obj, ns)
+def _with_capacity(obj: JsonDict, capacity: Any) -> JsonDict:
+    """`obj` with its spec's capacity set to `capacity`, or without one for MISSING."""
+    if capacity is MISSING:
+        del obj["spec"]["capacity"]
+    else:
+        obj["spec"]["capacity"] = capacity
+    return obj
 
-    return write
+
+def _put(capacity: Any) -> Callable[[Api, str, str], Reply]:
+    return lambda api, ns, name: api.put(
+        _with_capacity(api.get("ReservationEnvelope", ns, name), capacity), ns
+    )
 
 
 def _json(*ops: JsonDict) -> Callable[[Api, str, str], Reply]:
@@ -962,15 +965,9 @@ def _merge(patch: JsonDict) -> Callable[[Api, str, str], Reply]:
 
 
 def _apply(capacity: Any) -> Callable[[Api, str, str], Reply]:
-    def write(api: Api, ns: str, name: str) -> Reply:
-        obj = base_object("ReservationEnvelope", name, {})
-        if capacity is MISSING:
-            del obj["spec"]["capacity"]
-        else:
-            obj["spec"]["capacity"] = capacity
-        return api.apply(obj, ns)
-
-    return write
+    return lambda api, ns, name: api.apply(
+        _with_capacity(base_object("ReservationEnvelope", name, {}), capacity), ns
+    )
 
 
 EMPTY_CAPACITY_ON_UPDATE = [
