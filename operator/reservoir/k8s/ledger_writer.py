@@ -89,7 +89,9 @@ class LedgerWriter:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
-        self._reported_refusals: set[tuple[str, str, str]] = set()  # (uid, version, reason)
+        # (envelope uid, generation, reason, message): reported once, so that the report's
+        # own write (a new resourceVersion) never wakes a loop of reports.
+        self._reported_refusals: set[tuple[str, int, str, str]] = set()
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
         return self._triggers.setdefault((namespace, envelope), Trigger())
@@ -190,7 +192,9 @@ class LedgerWriter:
             if not await self._still_current(namespace, name, envelope):
                 return Conflict()
 
-        # The ledger is durable: now tell the world.
+        # The ledger is durable (and so healthy again): now tell the world.
+        uid = envelope["metadata"]["uid"]
+        self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
         by_uid = {c["metadata"]["uid"]: c for c in claims}
         self._announce(by_uid, result.events)
         self._announce_invalid(invalid)
@@ -239,7 +243,7 @@ class LedgerWriter:
         meta = envelope["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         metrics.ledger_errors.labels(namespace, reason).inc()
-        key = (meta["uid"], meta["resourceVersion"], reason)
+        key = (meta["uid"], int(meta.get("generation", 0)), reason, message)
         if key not in self._reported_refusals:
             self._reported_refusals.add(key)
             self.record(envelope, "Warning", reason, message)
