@@ -395,12 +395,14 @@ class Case:
     detours: tuple[JsonDict, ...] = ()
     admission: bool = False  # the rule is a ValidatingAdmissionPolicy's, not the schema's
     deleting: bool = False  # start from an object being deleted (held by a finalizer)
+    adds: bool = False  # the violation adds a field the start lacks: nothing there to remove
 
     def targets(self) -> list[FieldPath]:
         """Every field to try removing first: the rule's own field and all its parents, each
         field the violation writes and its parents, and each further field the rule reads."""
         found: list[FieldPath] = []
-        for path in (self.rule_at, *leaves(self.violation), *self.reads):
+        written = [] if self.adds else list(leaves(self.violation))
+        for path in (self.rule_at, *written, *self.reads):
             for end in range(1, len(path) + 1):
                 if path[:end] not in found:
                     found.append(path[:end])
@@ -453,6 +455,8 @@ CASES = [
          {"spec": {"capacity": {"tokens": "1"}}}, only_grows("spec", "capacity")),
     Case("capacity-loses-one", "ReservationEnvelope", ("spec", "capacity"), "never shrink",
          {"spec": {"capacity": {"cost": None}}}, only_grows("spec", "capacity")),
+    Case("capacity-gains-one", "ReservationEnvelope", ("spec", "capacity"), "fixed at creation",
+         {"spec": {"capacity": {"gpu": "1"}}}, unchanged("spec", "capacity"), adds=True),
     Case("commit-point-changed", "BranchClaim", ("spec", "commitPoint"), "commitPoint is",
          {"spec": {"commitPoint": "PodRunning"}}, unchanged("spec", "commitPoint")),
     Case("upstream-state-backwards", "BranchClaim", ("spec",), "upstream.state is a fact",

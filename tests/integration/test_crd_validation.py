@@ -222,6 +222,8 @@ def test_envelope_capacity_may_grow_but_never_shrink(cluster: ClusterHandle, ns:
         patch(cluster, ns, "renv", "wf", {"capacity": {"tokens": "1"}})
     with pytest.raises(RejectedError, match="never shrink"):
         patch(cluster, ns, "renv", "wf", {"capacity": {"cost": None}})
+    with pytest.raises(RejectedError, match="fixed at creation"):
+        patch(cluster, ns, "renv", "wf", {"capacity": {"nvidia.com/gpu": "8"}})
     with pytest.raises(RejectedError, match=re.escape("spec.capacity: Required value")):
         patch(cluster, ns, "renv", "wf", {"capacity": None})
     with pytest.raises(RejectedError, match=re.escape("spec.capacity")):

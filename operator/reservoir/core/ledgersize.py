@@ -7,7 +7,8 @@ entry for a claim that never held anything) only while the budget has room for t
 entry's *largest possible* future: every map it can still gain (usage, consumed,
 released, the late-report baseline, an overrun's usage and excess) at the longest
 quantity, over the envelope's resources, plus every scalar it can still gain. Reports are
-recorded over the envelope's resources only, so nothing a worker sends can push an entry
+recorded over the envelope's resources only, and the API server keeps that set of
+resources fixed from the envelope's creation, so nothing a worker sends can push an entry
 past that. The budget can therefore never be crossed by settlement, late reports or
 overruns, whatever the schema lets people write.
 """

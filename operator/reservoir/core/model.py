@@ -267,12 +267,17 @@ class ReservationEnvelopeSpec(Model):
 
     capacity: ResourceMap = resource_map(
         "The budget, per resource: {tokens: 100k, cost: '12.50', nvidia.com/gpu: 8}. "
-        "Required, with at least one resource. A dimension may grow or be added, never "
-        "shrink or disappear.",
+        "Required, with at least one resource. An amount may grow, never shrink; the set "
+        "of resources is fixed at creation (it bounds the ledger's size).",
         {
             "rule": "oldSelf.all(k, k in self && "
             "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
             "message": "capacity may grow but never shrink or lose a resource",
+        },
+        {
+            "rule": "self.all(k, k in oldSelf)",
+            "message": "the envelope's resources are fixed at creation: create a new envelope "
+            "for another resource",
         },
         required=True,
     )
