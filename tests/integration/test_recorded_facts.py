@@ -68,6 +68,23 @@ def test_an_envelope_pushed_past_its_ledger_cap_still_admits_and_deletes_cleanly
         return sum(1 for c in listing["items"] if c.get("status", {}).get("phase") == "Rejected")
 
     eventually(f"{rejected} rejections", lambda: rejected_so_far() == rejected, timeout=180)
+
+    def announced() -> dict[str, int]:
+        listing = json.loads(cluster.kubectl("get", "events", "-n", ns, "-o", "json"))
+        counts: dict[str, int] = {}
+        for event in listing["items"]:
+            if event["reason"] == "UnknownResource":
+                name = event["involvedObject"]["name"]
+                counts[name] = counts.get(name, 0) + event.get("count", 1)
+        return counts
+
+    # Verdicts kept off the ledger are announced once they are durable, and only once.
+    counts = eventually(
+        "every rejection announced",
+        lambda: len(announced()) == rejected and announced(),
+        timeout=60,
+    )
+    assert set(counts.values()) == {1}, {n: c for n, c in counts.items() if c != 1}
     ledger = sdk.ledger("wf").status
     assert len(ledger.entries) <= MAX_LEDGER_ENTRIES // 2, "rejections never crowd the ledger"
     assert not any(c.type == "LedgerHealthy" for c in ledger.conditions)

@@ -196,12 +196,19 @@ class LedgerWriter:
         uid = envelope["metadata"]["uid"]
         self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
         by_uid = {c["metadata"]["uid"]: c for c in claims}
-        self._announce(by_uid, result.events)
+        # A verdict kept off the ledger is durable only once its claim's status holds it:
+        # its Events wait for that mirror, so no Event announces a decision that may be
+        # taken again differently.
+        held_back = set(result.off_ledger)
+        self._announce(
+            namespace, name, by_uid, [e for e in result.events if e.uid not in held_back]
+        )
         self._announce_invalid(invalid)
         metrics.observe(namespace, name, result.status)
-        metrics.count_events(namespace, name, result.events)
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
-        await self._mirror(namespace, claims, result, now, problems)
+        mirrored = await self._mirror(namespace, claims, result, now, problems)
+        durable = held_back & mirrored
+        self._announce(namespace, name, by_uid, [e for e in result.events if e.uid in durable])
         await self._delete_expired(namespace, result.expired_claims)
         return result
 
@@ -303,7 +310,15 @@ class LedgerWriter:
                 self._reported_invalid.add(version)
                 self.record(claim, "Warning", "InvalidSpec", fact.problem)
 
-    def _announce(self, claims: Mapping[str, Mapping[str, Any]], events: list[LedgerEvent]) -> None:
+    def _announce(
+        self,
+        namespace: str,
+        envelope: str,
+        claims: Mapping[str, Mapping[str, Any]],
+        events: list[LedgerEvent],
+    ) -> None:
+        """Events and transition metrics for decisions that are durable."""
+        metrics.count_events(namespace, envelope, events)
         for event in events:
             claim = claims.get(event.uid)
             if claim is not None:
@@ -318,11 +333,13 @@ class LedgerWriter:
         result: Reconciliation,
         now: datetime,
         problems: Mapping[str, str],
-    ) -> None:
+    ) -> set[str]:
         """Write each claim's status from the ledger just read or written (its entry, its
         queue position, or a record kept off the ledger), if it moved. Conditional on the
         claim's resourceVersion; a conflict just waits for the next reconcile, since the
-        mirror can always be recomputed. A refused write is reported, never raised."""
+        mirror can always be recomputed. A refused write is reported, never raised.
+        Returns the UIDs whose status now says what the ledger says."""
+        mirrored: set[str] = set()
         for claim in claims:
             meta = claim["metadata"]
             uid = meta["uid"]
@@ -342,6 +359,7 @@ class LedgerWriter:
                 problem=problems.get(uid),
             )
             if previous is not None and wanted == previous:
+                mirrored.add(uid)
                 continue
             body = BranchClaim.Status(
                 metadata=ObjectMeta(
@@ -351,6 +369,7 @@ class LedgerWriter:
             )
             try:
                 await self.client.replace(body, meta["name"], namespace=namespace)  # type: ignore[call-overload]
+                mirrored.add(uid)
             except ApiError as error:
                 if error.status.code in (404, 409):
                     self.poke(namespace, claim["spec"].get("envelope", ""))
@@ -359,3 +378,4 @@ class LedgerWriter:
                     self.record(claim, "Warning", "MirrorRefused", str(error.status.message))
                 else:
                     raise
+        return mirrored
