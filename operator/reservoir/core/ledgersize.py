@@ -19,6 +19,7 @@ from collections.abc import Iterable
 
 from reservoir.core.model import (
     MAX_CONDITIONS,
+    SUMMARY_LENGTH,
     LedgerEntry,
     ReservationEnvelopeStatus,
 )
@@ -30,8 +31,8 @@ ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
 # Scalars an admitted entry can still gain: commit, start and detach times, a heartbeat,
 # a deadline action, the settlement record, late-report and overrun bookkeeping.
 GROWING_SCALARS_BYTES = 1024
-# Totals (five maps), the summary (three strings of at most 1024), counts, conditions.
-CONDITION_BYTES = 1400
+CONDITION_BYTES = 1400  # a condition at its bounds (type, reason, message, time)
+COUNTS_BYTES = 512  # claims per phase
 
 
 def map_bytes(dimensions: Iterable[str]) -> int:
@@ -40,8 +41,10 @@ def map_bytes(dimensions: Iterable[str]) -> int:
 
 
 def base_bytes(dimensions: frozenset[str]) -> int:
-    """Everything in the status but the entries, at its largest."""
-    return 5 * map_bytes(dimensions) + 3 * 1040 + 512 + MAX_CONDITIONS * CONDITION_BYTES
+    """Everything in the status but the entries, at its largest: the five totals, the
+    three summary strings, the counts and the conditions."""
+    summary = 3 * (SUMMARY_LENGTH + 16)
+    return 5 * map_bytes(dimensions) + summary + COUNTS_BYTES + MAX_CONDITIONS * CONDITION_BYTES
 
 
 def entry_bytes(entry: LedgerEntry) -> int:

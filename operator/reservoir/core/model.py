@@ -45,6 +45,7 @@ MAX_ACTIVE_CLAIMS_LIMIT = 256
 MAX_NAME_LENGTH = 253
 MAX_CONDITIONS = 16
 MAX_SECONDS = 366 * 24 * 3600
+SUMMARY_LENGTH = 1024  # one printer-column rendering of the totals
 
 Quantity = Annotated[
     Decimal,
@@ -419,9 +420,15 @@ class ResourceTotals(Model):
 class EnvelopeSummary(Model):
     """One-line renderings of the totals, for printer columns and humans."""
 
-    capacity: str = Field(default="", max_length=1024, description="e.g. 'tokens=100 cost=5'.")
-    available: str = Field(default="", max_length=1024, description="Available, per resource.")
-    committed: str = Field(default="", max_length=1024, description="Committed, per resource.")
+    capacity: str = Field(
+        default="", max_length=SUMMARY_LENGTH, description="e.g. 'tokens=100 cost=5'."
+    )
+    available: str = Field(
+        default="", max_length=SUMMARY_LENGTH, description="Available, per resource."
+    )
+    committed: str = Field(
+        default="", max_length=SUMMARY_LENGTH, description="Committed, per resource."
+    )
     live: int = Field(default=0, ge=0, description="Claims holding capacity now.")
 
 

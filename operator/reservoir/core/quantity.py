@@ -29,17 +29,18 @@ __all__ = [
 ResourceMap = dict[str, Decimal]
 
 
-# The one definition of what a quantity may look like, shared by this parser and the CRD
-# schema (see reservoir.core.model): a non-negative number and an optional suffix, with no
-# more fractional digits than keep the value exact to the nano (1e-9), the API server's
-# own precision. So `0.5m` (5e-4) is fine, `0.0000005m` (5e-10) is not, and exponents are
-# never negative (write `1m`, not `1e-3`). Whatever the schema accepts, the operator reads.
 def _number(digits: int) -> str:
+    """A non-negative decimal with at most `digits` fractional digits."""
     if digits == 0:
         return "[0-9]+"
     return f"([0-9]+(\\.[0-9]{{1,{digits}}})?|\\.[0-9]{{1,{digits}}})"
 
 
+# The one definition of what a quantity may look like, shared by this parser and the CRD
+# schema (see reservoir.core.model): a non-negative number and an optional suffix, with no
+# more fractional digits than keep the value exact to the nano (1e-9), the API server's
+# own precision. So `0.5m` (5e-4) is fine, `0.0000005m` (5e-10) is not, and exponents are
+# never negative (write `1m`, not `1e-3`). Whatever the schema accepts, the operator reads.
 QUANTITY_PATTERN = (
     "^("
     + "|".join(
@@ -92,16 +93,15 @@ def parse_quantity(value: str | int | Decimal) -> Decimal:
     elif isinstance(value, int):
         number = Decimal(value)
     elif isinstance(value, str):
-        text = value
         # fullmatch: `$` alone would let a trailing newline through, which the API
         # server's pattern does not; no stripping, for the same reason.
-        if len(text) > MAX_QUANTITY_LENGTH or _QUANTITY.fullmatch(text) is None:
+        if len(value) > MAX_QUANTITY_LENGTH or _QUANTITY.fullmatch(value) is None:
             raise QuantityError(
                 f"{value!r} is not a non-negative Kubernetes quantity "
                 "with at most nine decimal places once its unit is applied "
                 "(examples: 8, 20k, 1.5Gi, 250m, 12.50, 1e3)"
             )
-        mantissa, suffix = _split(text)
+        mantissa, suffix = _split(value)
         with localcontext(_EXACT):
             if suffix[:1] in ("e", "E") and suffix[1:].lstrip("+").isdigit():
                 number = Decimal(mantissa).scaleb(int(suffix[1:]))

@@ -34,10 +34,12 @@ from reservoir.core.lifecycle import (
     Step,
     advance,
     record_after_settlement,
+    record_usage,
     settle,
 )
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
+    SUMMARY_LENGTH,
     BranchClaimSpec,
     ClaimPhase,
     EnvelopePhase,
@@ -45,7 +47,6 @@ from reservoir.core.model import (
     EnvelopeSummary,
     Fallback,
     LedgerEntry,
-    Overrun,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
@@ -62,7 +63,6 @@ from reservoir.core.policy import (
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
 UNADMITTED_ENTRIES_ROOM = MAX_LEDGER_ENTRIES // 2
-SUMMARY_LENGTH = 1024
 
 
 @dataclass(frozen=True)
@@ -266,6 +266,9 @@ def _close_unadmitted(
     recorded in the claim's status alone: it moves no capacity either way."""
     entry = _new_entry(facts, {})
     step = Step(entry, facts, result.now, result.dimensions)
+    # Usage from a claim that never held anything is all excess: an overrun, kept for
+    # people to see and never charged to the envelope.
+    record_usage(step)
     settle(step, phase, reason, message=message, outcome=facts.spec.outcome)
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
@@ -310,20 +313,6 @@ def _admit_one(
         _close_unadmitted(
             result, facts, ClaimPhase.RELEASED, "FinishedBeforeAdmission", "finished unadmitted"
         )
-        used = {k: v for k, v in spec.usage.items() if v}
-        if used:
-            # Work that ran without ever holding a reservation: the envelope is not
-            # overdrawn for it, and the report is kept as an overrun for people to see.
-            entry = result.entry(facts.uid)
-            assert entry is not None
-            entry.overrun = Overrun(usage=dict(spec.usage), excess=used, final=True, at=now)
-            result.events.append(
-                LedgerEvent(
-                    facts.uid, facts.name, "Overrun",
-                    "usage reported by a claim that never held a reservation: kept in "
-                    "status.overrun, not charged to the envelope", True,
-                )
-            )  # fmt: skip
         return blocked_by
     if queue_expired(facts.created_at, now, policy):
         _close_unadmitted(

@@ -118,17 +118,17 @@ def _drop_unreadable(spec: dict[str, Any], error: ValidationError) -> bool:
         if loc[0] == "usage":
             spec.pop("final", None)
             spec.pop("outcome", None)
-        parent: dict[str, Any] | None = spec
+        parent = spec
         for key in loc[:-1]:
-            child = parent.get(key) if parent is not None else None
-            if parent is None or not isinstance(child, dict):
-                parent = None
+            child = parent.get(key)
+            if not isinstance(child, dict):
                 break
             parent[key] = dict(child)
             parent = parent[key]
-        if parent is not None and loc[-1] in parent:
-            del parent[loc[-1]]
-            dropped = True
+        else:
+            if loc[-1] in parent:
+                del parent[loc[-1]]
+                dropped = True
     return dropped
 
 

@@ -1,8 +1,7 @@
 """The one serialized writer per envelope: read, reconcile, compare-and-swap, mirror.
 
-Each call reads the envelope (with its resourceVersion), lists its claims, confirms with a
-direct read any claim the ledger has but the list lacks, lists the Leases, asks the pure
-core for the next ledger, and writes
+Each call reads the envelope (with its resourceVersion), then lists its claims and their
+Leases straight from the API server, asks the pure core for the next ledger, and writes
 the envelope status with a PUT carrying the resourceVersion it read. A 409 means someone
 else wrote first (another replica, or this one on a stale read): re-read, recompute,
 retry with jitter. Only after the ledger is durable are the claims' statuses mirrored and
@@ -29,9 +28,10 @@ from lightkube.types import PatchType
 
 from reservoir import metrics
 from reservoir.core.claimstatus import claim_status
+from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
-from reservoir.core.model import MAX_CONDITIONS, ReservationEnvelopeStatus
+from reservoir.core.model import MAX_CONDITIONS, Condition
 from reservoir.core.reconcile import Reconciliation, reconcile
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
@@ -69,6 +69,20 @@ class Trigger:
 
 class Conflict:
     """The compare-and-swap lost: someone wrote the envelope since we read it."""
+
+
+def unhealthy(
+    envelope: Mapping[str, Any], reason: str, message: str, now: datetime
+) -> list[Condition]:
+    """The envelope's conditions with LedgerHealthy=False added (the ledger itself is left
+    as it is), merged like every other condition."""
+    status = envelope.get("status") or {}
+    previous = [Condition.model_validate(c) for c in status.get("conditions") or []]
+    generation = envelope["metadata"].get("generation")
+    kept = [c for c in previous if c.type != "LedgerHealthy"][: MAX_CONDITIONS - 1]
+    return kept + merge_conditions(
+        previous, [Desired("LedgerHealthy", False, reason, message[:1024])], now, generation
+    )
 
 
 class LedgerStuckError(RuntimeError):
@@ -116,9 +130,9 @@ class LedgerWriter:
                 metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
 
     async def _attempt(self, namespace: str, name: str) -> Reconciliation | Conflict | None:
-        # The envelope first, then its claims: every claim status a compaction in this
-        # ledger relied on is in the list, and every claim the ledger names is listed
-        # unless it is gone (confirmed below with a direct read).
+        # The envelope first, then its claims, straight from the API server: every claim
+        # status a compaction in this ledger relied on is in the list, and a claim the
+        # ledger names but the list lacks really is gone.
         try:
             envelope = read.as_dict(
                 await self.client.get(ReservationEnvelope, name, namespace=namespace)
@@ -137,7 +151,6 @@ class LedgerWriter:
                 BranchClaim, namespace=namespace, fields={"spec.envelope": name}
             )
         ]
-        claims += await self._confirm_missing(namespace, status, claims)
         leases = {}
         async for lease in self.client.list(
             Lease, namespace=namespace, labels={ENVELOPE_LABEL: name}
@@ -222,28 +235,6 @@ class LedgerWriter:
         current = read.as_dict(now)["metadata"]["resourceVersion"]
         return bool(current == envelope["metadata"]["resourceVersion"])
 
-    async def _confirm_missing(
-        self, namespace: str, status: ReservationEnvelopeStatus, listed: list[dict[str, Any]]
-    ) -> list[dict[str, Any]]:
-        """Claims the ledger has but the list lacks (created after we listed): read each
-        directly, so that only a claim that really is gone counts as gone."""
-        uids = {c["metadata"]["uid"] for c in listed}
-        found: list[dict[str, Any]] = []
-        for uid, entry in status.entries.items():
-            if uid in uids:
-                continue
-            try:
-                claim = read.as_dict(
-                    await self.client.get(BranchClaim, entry.claim, namespace=namespace)
-                )
-            except ApiError as error:
-                if error.status.code == 404:
-                    continue
-                raise
-            if claim["metadata"]["uid"] == uid:
-                found.append(claim)
-        return found
-
     async def _refused(self, envelope: dict[str, Any], reason: str, message: str) -> NoReturn:
         """The ledger cannot move: say so on the envelope (condition, Event, metric) and
         stop this reconcile, instead of crashing or spinning on it."""
@@ -254,25 +245,12 @@ class LedgerWriter:
         if key not in self._reported_refusals:
             self._reported_refusals.add(key)
             self.record(envelope, "Warning", reason, message)
-            status = envelope.get("status") or {}
-            conditions = [
-                c for c in status.get("conditions") or [] if c.get("type") != "LedgerHealthy"
-            ]
-            conditions.append(
-                {
-                    "type": "LedgerHealthy",
-                    "status": "False",
-                    "reason": reason,
-                    "message": message[:1024],
-                    "lastTransitionTime": self.clock().strftime("%Y-%m-%dT%H:%M:%SZ"),
-                    "observedGeneration": meta.get("generation"),
-                }
-            )
+            conditions = unhealthy(envelope, reason, message, self.clock())
             with contextlib.suppress(ApiError):
                 await self.client.patch(
                     ReservationEnvelope.Status,
                     name,
-                    {"status": {"conditions": conditions[-MAX_CONDITIONS:]}},
+                    {"status": {"conditions": [c.to_api() for c in conditions]}},
                     namespace=namespace,
                     patch_type=PatchType.MERGE,
                 )
