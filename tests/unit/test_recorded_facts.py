@@ -117,6 +117,14 @@ def test_an_unreadable_final_report_is_not_final_and_the_claim_still_settles() -
     assert sim.phase("a") is P.CONSUMED, "the deadline still applies (Quarantine)"
 
 
+def test_a_claim_whose_dispatch_fact_cannot_be_read_is_held_as_if_dispatched() -> None:
+    facts = claim_facts(raw_claim(dispatch="perhaps"), None)
+    assert isinstance(facts, InvalidClaim) and "dispatch" in facts.problem
+    sim = Sim(default_lease_seconds=5).create("a").reconcile()
+    sim.remove("a").tick(6).reconcile()  # what the writer does with an unreadable claim
+    assert sim.phase("a") is P.DETACHED, "held, never released on a guess"
+
+
 def test_an_unreadable_claim_can_still_be_force_settled_and_deleted() -> None:
     facts = claim_facts(raw_claim(usage={"tokens": "1e-3"}), None)
     assert not isinstance(facts, InvalidClaim)

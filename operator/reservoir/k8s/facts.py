@@ -27,6 +27,10 @@ from reservoir.core.reconcile import EnvelopeFacts
 from reservoir.k8s.resources import FORCE_SETTLE_ANNOTATION, FORCE_SETTLE_GONE_ANNOTATION
 
 MAX_UNREADABLE_PARTS = 32
+# Fields without which the claim cannot be read at all: its identity, and the facts that
+# say whether it may have run (dropped, they would read as "not dispatched"). A claim
+# that lacks one is read as gone, and a gone claim's capacity is held, never released.
+VITAL_FIELDS = ("envelope", "requests", "attempt", "dispatch", "cancel", "commitPoint", "upstream")
 
 
 def parse_time(value: str | datetime) -> datetime:
@@ -113,8 +117,8 @@ def _drop_unreadable(spec: dict[str, Any], error: ValidationError) -> bool:
     dropped = False
     for problem in error.errors():
         loc = [str(p) for p in problem["loc"]]
-        if not loc or loc[0] in ("envelope", "requests", "attempt"):
-            continue  # without these there is no claim to speak of
+        if not loc or loc[0] in VITAL_FIELDS:
+            continue
         if loc[0] == "usage":
             spec.pop("final", None)
             spec.pop("outcome", None)
