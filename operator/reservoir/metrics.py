@@ -1,39 +1,95 @@
-"""Prometheus metrics. Names follow Kueue's style: reservoir_<noun>_<unit>, with the
-envelope, namespace and resource as labels so exposure and settlement quality show per
-workflow."""
+"""Prometheus metrics, named like Kueue's: reservoir_<noun>_<unit>, with bounded labels.
+
+Two kinds of label sets, so that cardinality stays bounded on a cluster that runs a new
+workflow (a new envelope) every minute:
+- per-envelope gauges (capacity by state, claims by phase, stranded capacity, health, the
+  oldest waiting finalizer) are snapshots taken at each reconcile and dropped when the
+  envelope is gone;
+- counters and histograms are labelled by namespace and workflow class (the envelope's
+  `reservoir.dev/workflow-class` label), never by envelope or claim.
+
+Gauges are floats by Prometheus' definition; the ledger itself stays exact.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
 
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
+from reservoir import __version__
 from reservoir.core.lifecycle import LedgerEvent
-from reservoir.core.model import ReservationEnvelopeStatus
+from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals
 
 ENVELOPE = ["namespace", "envelope"]
+CLASS = ["namespace", "class"]
+STATES = ("capacity", "reserved", "committed", "reconciling", "available")
 
-capacity = Gauge(
-    "reservoir_envelope_capacity",
-    "Capacity of the envelope, by resource and ledger state "
-    "(capacity, reserved, committed, reconciling, available).",
-    [*ENVELOPE, "resource", "state"],
-)
-claims = Gauge(
-    "reservoir_envelope_claims",
-    "Claims of the envelope by phase.",
-    [*ENVELOPE, "phase"],
-)
+build_info = Gauge("reservoir_build_info", "Always 1: the running operator's version.", ["version"])
+build_info.labels(__version__).set(1)
+
 transitions = Counter(
     "reservoir_claim_transitions_total",
-    "Claim transitions and refusals, by reason (Reserved, LeaseExpired, Completed, "
-    "Overrun, LateReport, DispatchRefused, RenewalRefused, ...).",
-    [*ENVELOPE, "reason"],
+    "Claim transitions and refusals, by reason (Reserved, CommitPointReached, Completed, "
+    "LeaseExpired, LeaseLapsed, Overrun, LateReport, DispatchRefused, RenewalRefused, ...).",
+    [*CLASS, "reason"],
+)
+admission_wait = Histogram(
+    "reservoir_claim_admission_wait_seconds",
+    "From a claim's creation to its capacity being reserved (queueing included).",
+    CLASS,
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
+)
+commit_wait = Histogram(
+    "reservoir_claim_commit_wait_seconds",
+    "From a claim's reservation to its commit point (dispatch, pod bound or pod running).",
+    CLASS,
+    buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400),
+)
+hold = Histogram(
+    "reservoir_claim_hold_seconds",
+    "From a claim's reservation to its settlement: how long the envelope held R for it.",
+    CLASS,
+    buckets=(1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14400, 86400),
+)
+consumed_ratio = Histogram(
+    "reservoir_claim_consumed_ratio",
+    "C/R per resource of claims settled Consumed: how much of a reservation was used. "
+    "The basis of `kubectl reservoir recommend`.",
+    [*CLASS, "resource"],
+    buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+)
+lease_renewals = Counter(
+    "reservoir_lease_renewals_total",
+    "Lease renewals asked for by a new heartbeat, by result (granted, refused).",
+    [*CLASS, "result"],
+)
+lease_expiries = Counter(
+    "reservoir_lease_expiries_total",
+    "Leases that lapsed: a Tentative claim expired, or a committed one was Detached.",
+    CLASS,
+)
+late_reports = Counter(
+    "reservoir_claim_late_reports_total",
+    "Usage reports that arrived after their claim settled (kept for audit, never applied).",
+    CLASS,
+)
+overruns = Counter(
+    "reservoir_claim_overruns_total",
+    "Claims that reported usage above their reservation.",
+    CLASS,
 )
 ledger_writes = Counter(
     "reservoir_ledger_writes_total",
     "Compare-and-swap writes of envelope ledgers, by result "
-    "(written, conflict, unchanged, refused).",
+    "(written, conflict (retried), unchanged, refused).",
     ["namespace", "result"],
 )
 reconcile_seconds = Histogram(
@@ -44,7 +100,7 @@ reconcile_seconds = Histogram(
 ledger_errors = Counter(
     "reservoir_ledger_errors_total",
     "Reconciles that could not move a ledger, by reason (UnreadableEnvelope, "
-    "InvariantViolation, WriteRefused, MirrorRefused).",
+    "InvariantViolation, WriteRefused, ReconcileFailed, MirrorRefused).",
     ["namespace", "reason"],
 )
 finalizer_waits = Counter(
@@ -53,17 +109,161 @@ finalizer_waits = Counter(
     ["namespace", "kind"],
 )
 
-
-def observe(namespace: str, envelope: str, status: ReservationEnvelopeStatus) -> None:
-    totals = status.totals
-    for state in ("capacity", "reserved", "committed", "reconciling", "available"):
-        for resource, amount in getattr(totals, state).items():
-            # Gauges are floats by Prometheus' definition; the ledger itself stays exact.
-            capacity.labels(namespace, envelope, resource, state).set(float(amount))
-    for phase, count in status.counts.items():
-        claims.labels(namespace, envelope, phase).set(count)
+EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
 
 
-def count_events(namespace: str, envelope: str, events: Iterable[LedgerEvent]) -> None:
+@dataclass(frozen=True)
+class EnvelopeSnapshot:
+    """What one reconcile saw of an envelope, for its gauges."""
+
+    workflow_class: str
+    totals: ResourceTotals
+    counts: Mapping[str, int]
+    stranded: Mapping[str, Decimal]
+    ambiguity_deadline_seconds: int
+    oldest_finalizer: datetime | None = None
+
+
+@dataclass(eq=False)  # registries key collectors by identity
+class EnvelopeGauges(Collector):
+    """Per-envelope gauges built from the latest snapshot of each envelope, so that an
+    envelope's series disappear with it instead of lingering at their last value."""
+
+    _snapshots: dict[tuple[str, str], EnvelopeSnapshot] = field(default_factory=dict)
+    _healthy: dict[tuple[str, str], bool] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def record(self, namespace: str, envelope: str, snapshot: EnvelopeSnapshot) -> None:
+        with self._lock:
+            self._snapshots[(namespace, envelope)] = snapshot
+            self._healthy[(namespace, envelope)] = True
+
+    def unhealthy(self, namespace: str, envelope: str) -> None:
+        with self._lock:
+            self._healthy[(namespace, envelope)] = False
+
+    def forget(self, namespace: str, envelope: str) -> None:
+        with self._lock:
+            self._snapshots.pop((namespace, envelope), None)
+            self._healthy.pop((namespace, envelope), None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            snapshots = dict(self._snapshots)
+            healthy = dict(self._healthy)
+        capacity = GaugeMetricFamily(
+            "reservoir_envelope_capacity",
+            "Capacity of the envelope by resource and ledger state "
+            "(capacity, reserved, committed, reconciling, available).",
+            labels=[*ENVELOPE, "resource", "state"],
+        )
+        claims = GaugeMetricFamily(
+            "reservoir_envelope_claims",
+            "Claims of the envelope by phase.",
+            labels=[*ENVELOPE, "phase"],
+        )
+        stranded = GaugeMetricFamily(
+            "reservoir_envelope_stranded",
+            "Capacity held by claims nobody drives: Detached claims, and every holding claim "
+            "once the envelope stops admitting work.",
+            labels=[*ENVELOPE, "resource"],
+        )
+        info = GaugeMetricFamily(
+            "reservoir_envelope_info",
+            "Always 1: the envelope's workflow class, for joins.",
+            labels=[*ENVELOPE, "class"],
+        )
+        deadline = GaugeMetricFamily(
+            "reservoir_envelope_ambiguity_deadline_seconds",
+            "The envelope's ambiguity deadline: how long an unknown outcome may be held.",
+            labels=ENVELOPE,
+        )
+        oldest = GaugeMetricFamily(
+            "reservoir_envelope_oldest_finalizer_timestamp_seconds",
+            "When the oldest deletion of one of the envelope's claims that still waits for "
+            "its settlement was asked (Unix time); absent when none waits.",
+            labels=ENVELOPE,
+        )
+        health = GaugeMetricFamily(
+            "reservoir_envelope_ledger_healthy",
+            "1 when the envelope's last reconcile wrote or confirmed its ledger, 0 when the "
+            "ledger could not move (see the LedgerHealthy condition).",
+            labels=ENVELOPE,
+        )
+        for (namespace, envelope), snap in sorted(snapshots.items()):
+            key = [namespace, envelope]
+            for state in STATES:
+                for resource, amount in getattr(snap.totals, state).items():
+                    capacity.add_metric([*key, resource, state], float(amount))
+            for phase in ClaimPhase:
+                claims.add_metric([*key, phase.value], snap.counts.get(phase.value, 0))
+            for resource, amount in snap.stranded.items():
+                stranded.add_metric([*key, resource], float(amount))
+            info.add_metric([*key, snap.workflow_class], 1)
+            deadline.add_metric(key, snap.ambiguity_deadline_seconds)
+            if snap.oldest_finalizer is not None:
+                oldest.add_metric(key, snap.oldest_finalizer.timestamp())
+        for (namespace, envelope), ok in sorted(healthy.items()):
+            health.add_metric([namespace, envelope], 1 if ok else 0)
+        yield from (capacity, claims, stranded, info, deadline, oldest, health)
+
+
+envelopes = EnvelopeGauges()
+REGISTRY.register(envelopes)
+
+
+def count_events(namespace: str, workflow_class: str, events: Iterable[LedgerEvent]) -> None:
     for event in events:
-        transitions.labels(namespace, envelope, event.reason).inc()
+        transitions.labels(namespace, workflow_class, event.reason).inc()
+        if event.reason in EXPIRY_REASONS and event.phase is not None:
+            lease_expiries.labels(namespace, workflow_class).inc()
+        elif event.reason == "RenewalRefused":
+            lease_renewals.labels(namespace, workflow_class, "refused").inc()
+        elif event.reason == "LateReport":
+            late_reports.labels(namespace, workflow_class).inc()
+        elif event.reason == "Overrun":
+            overruns.labels(namespace, workflow_class).inc()
+
+
+def observe_written(
+    namespace: str,
+    workflow_class: str,
+    before: Mapping[str, LedgerEntry],
+    after: Mapping[str, LedgerEntry],
+    created: Mapping[str, datetime],
+) -> None:
+    """Latencies, renewals and C/R of what a ledger write just made durable: each moment
+    (reserved, committed, settled) is observed by the one write that first records it."""
+    labels = (namespace, workflow_class)
+    for uid, entry in after.items():
+        old = before.get(uid)
+        reserved_at = entry.first_reserved_at
+        if reserved_at is None:
+            continue  # still queued: nothing to observe yet
+        if _newly(old, entry, "first_reserved_at") and uid in created:
+            admission_wait.labels(*labels).observe(_seconds(created[uid], reserved_at))
+        if entry.committed_at is not None and _newly(old, entry, "committed_at"):
+            commit_wait.labels(*labels).observe(_seconds(reserved_at, entry.committed_at))
+        granted = entry.renewals - (old.renewals if old is not None else 0)
+        if granted > 0:
+            lease_renewals.labels(*labels, "granted").inc(granted)
+        settled = entry.settlement
+        if settled is None or not _newly(old, entry, "settlement"):
+            continue
+        hold.labels(*labels).observe(_seconds(reserved_at, settled.at))
+        if settled.phase is ClaimPhase.CONSUMED:
+            for resource, reserved in entry.reserved.items():
+                if reserved > 0:
+                    ratio = entry.consumed.get(resource, Decimal(0)) / reserved
+                    consumed_ratio.labels(*labels, resource).observe(float(ratio))
+
+
+def _newly(old: LedgerEntry | None, entry: LedgerEntry, attribute: str) -> bool:
+    """Set in the new entry and not in the one the ledger held before."""
+    return getattr(entry, attribute) is not None and (
+        old is None or getattr(old, attribute) is None
+    )
+
+
+def _seconds(start: datetime, end: datetime) -> float:
+    return max((end - start).total_seconds(), 0.0)

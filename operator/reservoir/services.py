@@ -9,6 +9,7 @@ from typing import Any
 import kopf
 from lightkube import AsyncClient
 
+from reservoir.endpoints import Health
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.resources import FIELD_MANAGER
 
@@ -22,8 +23,9 @@ def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) ->
 class Services:
     client: AsyncClient
     writer: LedgerWriter
+    health: Health
 
     @classmethod
     def build(cls) -> Services:
         client = AsyncClient(field_manager=FIELD_MANAGER)
-        return cls(client=client, writer=LedgerWriter(client, post_event))
+        return cls(client=client, writer=LedgerWriter(client, post_event), health=Health())

@@ -1,35 +1,91 @@
-"""`reservoir-operator`: run the operator against the current kubeconfig."""
+"""`reservoir-operator`: run the operator against the current kubeconfig or, in a pod, its
+service account."""
 
 from __future__ import annotations
 
 import argparse
 import logging
 import os
+import random
 import sys
 
 import kopf
+from lightkube.config.kubeconfig import KubeConfig
+from lightkube.core.exceptions import ConfigError
+
+from reservoir import __version__
+
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         prog="reservoir-operator",
         description="Hold capacity for branching AI workflows; settle it exactly once.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
-        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+        "-n",
+        "--namespace",
+        action="append",
+        default=[],
+        help="watch this namespace (repeatable); none means the whole cluster",
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch all namespaces")
-    parser.add_argument("--metrics-port", type=int, default=8080, help="0 disables metrics")
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="serve /metrics and the readiness probe /readyz on this port; 0 disables both",
+    )
+    parser.add_argument(
+        "--liveness",
+        metavar="URL",
+        default=None,
+        help="serve kopf's liveness probe, e.g. http://0.0.0.0:8081/healthz",
+    )
     parser.add_argument(
         "--peering",
         metavar="NAME",
-        help="kopf peering object for HA replicas: only the highest-priority replica acts",
+        default=None,
+        help="kopf peering object shared by HA replicas: only the highest-priority one acts; "
+        "without it the operator runs standalone",
     )
-    parser.add_argument("--priority", type=int, default=0, help="this replica's peering priority")
-    parser.add_argument("--liveness", default=None, help="e.g. http://0.0.0.0:8081/healthz")
-    parser.add_argument("-v", "--verbose", action="store_true")
+    parser.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="this replica's peering priority; with --peering and no priority, a random one, "
+        "so that the replicas of a Deployment never tie (kopf pauses tied peers)",
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
+
+
+def peering_priority(peering: str | None, priority: int | None) -> int:
+    """The given priority; else, for a peered replica, a random one: kopf pauses every peer
+    of a tie, so two replicas of a Deployment must never share one."""
+    if priority is not None:
+        return priority
+    return random.randint(1, 2**31 - 1) if peering else 0
+
+
+def credentials_problem() -> str | None:
+    """None if there is something to log in with, else one line saying what was looked for.
+    kopf would otherwise retry its start-up forever with a traceback a minute."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(SERVICE_ACCOUNT_TOKEN):
+        return None
+    try:
+        KubeConfig.from_env().get()
+    except ConfigError as error:
+        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
+        return (
+            f"no Kubernetes credentials: not in a cluster (no $KUBERNETES_SERVICE_HOST and "
+            f"{SERVICE_ACCOUNT_TOKEN}) and no usable kubeconfig at {where} ({error})"
+        )
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,6 +96,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     for chatty in ("httpx", "httpx2", "httpcore"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
+    problem = credentials_problem()
+    if problem is not None:
+        print(f"reservoir-operator: {problem}", file=sys.stderr)
+        return 2
     os.environ["RESERVOIR_METRICS_PORT"] = str(args.metrics_port)
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
@@ -49,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=namespaces,
         standalone=args.peering is None,
         peering_name=args.peering,
-        priority=args.priority,
+        priority=peering_priority(args.peering, args.priority),
         liveness_endpoint=args.liveness,
     )
     return 0

@@ -55,13 +55,16 @@ async def keep_the_ledger(
         wake_in = IDLE_WAKEUP_SECONDS
         try:
             result = await services.writer.reconcile_once(namespace, name)
+            services.health.succeeded()
             if result is not None and result.wake_at is not None:
                 wake_in = (result.wake_at - utcnow()).total_seconds() + 0.05
         except LedgerStuckError as error:  # reported on the envelope; look again later
             logger.warning("%s", error)
+            services.health.succeeded()  # the API answered: the problem is the envelope's
             wake_in = IDLE_WAKEUP_SECONDS
-        except Exception:  # never let one bad reconcile stop the envelope's writer
+        except Exception as error:  # never let one bad reconcile stop the envelope's writer
             logger.exception("reconciling the ledger failed; retrying")
+            services.health.failed(f"{type(error).__name__}: {error}"[:200])
             wake_in = 2.0
         await trigger.wait(min(max(wake_in, 0.05), IDLE_WAKEUP_SECONDS))
 
@@ -86,3 +89,4 @@ async def settle_children_before_removal(
         if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
             kopf.warn(body, reason="AwaitingSettlement", message=message)
         raise kopf.TemporaryError(message, delay=2)
+    metrics.envelopes.forget(namespace, name)  # its series go with it

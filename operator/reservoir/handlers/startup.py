@@ -7,8 +7,8 @@ import os
 from typing import Any
 
 import kopf
-from prometheus_client import start_http_server
 
+from reservoir.endpoints import serve
 from reservoir.k8s.resources import FINALIZER
 from reservoir.services import Services
 
@@ -25,7 +25,23 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     # errors (a deletion waiting for settlement, say) become Events too.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
-    memo.services = Services.build()
+    memo.services = services = Services.build()
     port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
     if port:
-        start_http_server(port)
+        memo.endpoints = await serve(port, services.health)
+    services.health.started = True
+
+
+@kopf.on.cleanup()
+async def stop_endpoints(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("endpoints") is not None:
+        await memo.endpoints.cleanup()
+
+
+@kopf.on.probe(id="ledger")
+def ledger_health(memo: kopf.Memo, **_: Any) -> str:
+    """Shown on the liveness endpoint: whether the latest ledger reconcile reached the API."""
+    services: Services | None = memo.get("services")
+    if services is None:
+        return "starting"
+    return services.health.problem() or "ok"

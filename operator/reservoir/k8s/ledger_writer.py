@@ -32,12 +32,15 @@ from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.model import MAX_CONDITIONS, Condition
-from reservoir.core.reconcile import Reconciliation, reconcile
+from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
+from reservoir.core.stranded import stranded
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
     ENVELOPE_LABEL,
+    FINALIZER,
+    WORKFLOW_CLASS_LABEL,
     BranchClaim,
     ReservationEnvelope,
 )
@@ -139,6 +142,7 @@ class LedgerWriter:
             )
         except ApiError as error:
             if error.status.code == 404:
+                metrics.envelopes.forget(namespace, name)
                 return None
             raise
         try:
@@ -198,6 +202,16 @@ class LedgerWriter:
                     envelope, "WriteRefused", f"{error.status.code}: {error.status.message}"
                 )
             metrics.ledger_writes.labels(namespace, "written").inc()
+            metrics.observe_written(
+                namespace,
+                workflow_class(envelope),
+                status.entries,
+                result.status.entries,
+                {
+                    c["metadata"]["uid"]: read.parse_time(c["metadata"]["creationTimestamp"])
+                    for c in claims
+                },
+            )
         else:
             metrics.ledger_writes.labels(namespace, "unchanged").inc()
             # Nothing to write, so the ledger we read may be older than a status another
@@ -213,15 +227,18 @@ class LedgerWriter:
         # its Events wait for that mirror, so no Event announces a decision that may be
         # taken again differently.
         held_back = set(result.off_ledger)
+        klass = workflow_class(envelope)
         self._announce(
-            namespace, name, by_uid, [e for e in result.events if e.uid not in held_back]
+            namespace, klass, by_uid, [e for e in result.events if e.uid not in held_back]
         )
         self._announce_invalid(invalid)
-        metrics.observe(namespace, name, result.status)
+        metrics.envelopes.record(
+            namespace, name, snapshot(envelope, envelope_facts, claims, result)
+        )
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
         mirrored = await self._mirror(namespace, claims, result, now, problems)
         durable = held_back & mirrored
-        self._announce(namespace, name, by_uid, [e for e in result.events if e.uid in durable])
+        self._announce(namespace, klass, by_uid, [e for e in result.events if e.uid in durable])
         await self._delete_expired(namespace, result.expired_claims)
         return result
 
@@ -241,6 +258,7 @@ class LedgerWriter:
         meta = envelope["metadata"]
         namespace, name = meta["namespace"], meta["name"]
         metrics.ledger_errors.labels(namespace, reason).inc()
+        metrics.envelopes.unhealthy(namespace, name)
         key = (meta["uid"], int(meta.get("generation", 0)), reason, message)
         if key not in self._reported_refusals:
             self._reported_refusals.add(key)
@@ -291,12 +309,12 @@ class LedgerWriter:
     def _announce(
         self,
         namespace: str,
-        envelope: str,
+        klass: str,
         claims: Mapping[str, Mapping[str, Any]],
         events: list[LedgerEvent],
     ) -> None:
         """Events and transition metrics for decisions that are durable."""
-        metrics.count_events(namespace, envelope, events)
+        metrics.count_events(namespace, klass, events)
         for event in events:
             claim = claims.get(event.uid)
             if claim is not None:
@@ -357,3 +375,33 @@ class LedgerWriter:
                 else:
                     raise
         return mirrored
+
+
+def workflow_class(envelope: Mapping[str, Any]) -> str:
+    """The envelope's workflow class label, "" when it has none."""
+    return str((envelope["metadata"].get("labels") or {}).get(WORKFLOW_CLASS_LABEL, ""))
+
+
+def snapshot(
+    envelope: Mapping[str, Any],
+    facts: EnvelopeFacts,
+    claims: list[dict[str, Any]],
+    result: Reconciliation,
+) -> metrics.EnvelopeSnapshot:
+    """What the envelope's gauges show after this reconcile."""
+    waiting = [
+        read.parse_time(c["metadata"]["deletionTimestamp"])
+        for c in claims
+        if c["metadata"].get("deletionTimestamp")
+        and FINALIZER in (c["metadata"].get("finalizers") or [])
+    ]
+    return metrics.EnvelopeSnapshot(
+        workflow_class=workflow_class(envelope),
+        totals=result.status.totals,
+        counts=result.status.counts,
+        stranded=stranded(
+            result.status.entries.values(), facts.spec.capacity, facts.accepting(result.now)
+        ),
+        ambiguity_deadline_seconds=facts.spec.policy.ambiguity_deadline_seconds,
+        oldest_finalizer=min(waiting, default=None),
+    )

@@ -1,0 +1,150 @@
+"""The operator's /metrics and /readyz, scraped from a real operator process: the figures a
+scrape returns match the ledger exactly, promtool accepts the exposition, and an envelope's
+series leave with it."""
+
+from __future__ import annotations
+
+import subprocess
+import urllib.request
+from decimal import Decimal
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from reservoir.sdk import Reservoir
+from tests.clusters import ClusterHandle
+from tests.integration.conftest import StartOperator, _free_port
+from tests.integration.helpers import create_envelope, eventually, settled_ledger, wait_phase
+from tests.tools import tool
+
+CLASS_LABEL = "reservoir.dev/workflow-class"
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def samples(text: str) -> Samples:
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    return found.get((name, tuple(sorted(labels.items()))))
+
+
+def test_a_scrape_after_the_worked_example_matches_the_ledger(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    port = _free_port()
+    start_operator("--metrics-port", str(port))
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
+        assert response.status == 200
+
+    create_envelope(
+        cluster,
+        ns,
+        "parent",
+        {"tokens": "100"},
+        defaultLeaseSeconds=120,
+        ambiguityDeadlineSeconds=600,
+    )
+    cluster.kubectl("label", "reservationenvelope", "parent", f"{CLASS_LABEL}=planner", "-n", ns)
+    a, b, c = (sdk.hold("parent", n.upper(), {"tokens": "20"}, name=n) for n in "abc")
+    d = sdk.hold("parent", "D", {"tokens": "20"}, name="d", lease_seconds=3)
+    for claim in (a, b, c, d):
+        wait_phase(sdk, claim, "Tentative")
+    a, b, d = (sdk.dispatch(sdk.get(x)) for x in (a, b, d))
+    sdk.cancel(sdk.get(c))
+    d = sdk.report_usage(wait_phase(sdk, d, "Committed"), {"tokens": "1"})
+    sdk.finish(sdk.get(a), {"tokens": "20"})
+    sdk.finish(sdk.get(b), {"tokens": "12"})
+    wait_phase(sdk, d, "Detached", within=20)
+    settled_ledger(sdk, "parent", committed="32", reconciling="20", available="48")
+
+    # While D is Detached its 20 are stranded: held for a worker nobody hears from.
+    env = {"namespace": ns, "envelope": "parent"}
+    found = eventually(
+        "D's capacity shown as stranded",
+        lambda: (
+            s
+            if value(
+                s := samples(scrape(port)), "reservoir_envelope_stranded", **env, resource="tokens"
+            )
+            == 20
+            else None
+        ),
+    )
+    assert value(found, "reservoir_envelope_claims", **env, phase="Detached") == 1
+    assert value(found, "reservoir_envelope_info", **env, **{"class": "planner"}) == 1
+    assert value(found, "reservoir_envelope_ambiguity_deadline_seconds", **env) == 600
+
+    sdk.finish(sdk.get(d), {"tokens": "5"}, outcome="Failed")
+    view = settled_ledger(sdk, "parent", committed="37", reserved="0", reconciling="0")
+
+    # Every state of every resource and every phase count, as the ledger says it, exactly.
+    def matches_ledger() -> Samples | None:
+        found, ledger = samples(scrape(port)), sdk.ledger("parent").status
+        for state in ("capacity", "reserved", "committed", "reconciling", "available"):
+            for resource, amount in getattr(ledger.totals, state).items():
+                got = value(
+                    found, "reservoir_envelope_capacity", **env, resource=resource, state=state
+                )
+                if got is None or Decimal(str(got)) != amount:
+                    return None
+        for phase in ("Pending", "Tentative", "Committed", "Running", "Detached", "Consumed"):
+            if value(found, "reservoir_envelope_claims", **env, phase=phase) != ledger.counts.get(
+                phase, 0
+            ):
+                return None
+        return found
+
+    found = eventually("the scrape to match the settled ledger", matches_ledger)
+    assert view.status.totals.committed["tokens"] == 37
+    assert (
+        value(found, "reservoir_envelope_capacity", **env, resource="tokens", state="committed")
+        == 37
+    )
+    assert value(found, "reservoir_envelope_stranded", **env, resource="tokens") == 0
+    assert value(found, "reservoir_envelope_ledger_healthy", **env) == 1
+
+    # By class: A, B and D settled Consumed (C/R 1, 0.6, 0.25); four claims reserved.
+    by_class = {"namespace": ns, "class": "planner"}
+    ratio = {**by_class, "resource": "tokens"}
+    assert value(found, "reservoir_claim_consumed_ratio_count", **ratio) == 3
+    assert value(found, "reservoir_claim_consumed_ratio_sum", **ratio) == pytest.approx(1.85)
+    assert value(found, "reservoir_claim_consumed_ratio_bucket", **ratio, le="0.3") == 1
+    assert value(found, "reservoir_claim_consumed_ratio_bucket", **ratio, le="0.6") == 2
+    assert value(found, "reservoir_claim_admission_wait_seconds_count", **by_class) == 4
+    assert value(found, "reservoir_claim_commit_wait_seconds_count", **by_class) == 3
+    assert value(found, "reservoir_claim_hold_seconds_count", **by_class) == 4
+    assert value(found, "reservoir_lease_expiries_total", **by_class) == 1
+    assert value(found, "reservoir_claim_transitions_total", **by_class, reason="Cancelled") == 1
+
+    # promtool, the tool Prometheus users lint expositions with, accepts the scrape.
+    check = subprocess.run(
+        [str(tool("promtool")), "check", "metrics"],
+        input=scrape(port),
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+    # The envelope's series leave with it; the counters by class stay.
+    cluster.kubectl("delete", "reservationenvelope", "parent", "-n", ns)
+    found = eventually(
+        "the envelope's series to disappear",
+        lambda: (
+            s
+            if value(s := samples(scrape(port)), "reservoir_envelope_ledger_healthy", **env) is None
+            else None
+        ),
+    )
+    assert not any(labels and ("envelope", "parent") in labels for _, labels in found)
+    assert value(found, "reservoir_claim_consumed_ratio_count", **ratio) == 3

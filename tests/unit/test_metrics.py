@@ -1,0 +1,116 @@
+"""Pure parts of the metrics: stranded capacity, and observing each moment of a claim once,
+by the write that first records it (never again on a rewrite or a re-read)."""
+
+from __future__ import annotations
+
+import itertools
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from prometheus_client import REGISTRY
+
+from reservoir import metrics
+from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals, Settlement
+from reservoir.core.stranded import stranded
+
+T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+
+
+def entry(phase: ClaimPhase, reserved: str = "20", **fields: object) -> LedgerEntry:
+    return LedgerEntry.model_validate(
+        {"claim": "x", "phase": phase, "reserved": {"tokens": Decimal(reserved)}, **fields}
+    )
+
+
+def test_stranded_is_detached_capacity_and_everything_held_once_the_envelope_closes() -> None:
+    entries = [
+        entry(ClaimPhase.TENTATIVE, "10"),
+        entry(ClaimPhase.RUNNING, "5"),
+        entry(ClaimPhase.DETACHED, "20"),
+        entry(ClaimPhase.CONSUMED, "40"),
+    ]
+    assert stranded(entries, ["tokens", "gpu"], accepting=True) == {
+        "gpu": Decimal(0),
+        "tokens": Decimal(20),
+    }
+    assert stranded(entries, ["tokens"], accepting=False) == {"tokens": Decimal(35)}
+
+
+def sample(name: str, klass: str, **labels: str) -> float:
+    value = REGISTRY.get_sample_value(name, {"namespace": "ns", "class": klass, **labels})
+    return value or 0.0
+
+
+def test_each_moment_is_observed_by_the_write_that_first_records_it() -> None:
+    klass = "unit-moments"
+    created = {"u": T0}
+    reserved = entry(ClaimPhase.TENTATIVE, first_reserved_at=T0 + timedelta(seconds=2))
+    committed = reserved.model_copy(
+        update={
+            "phase": ClaimPhase.COMMITTED,
+            "committed_at": T0 + timedelta(seconds=5),
+            "renewals": 2,
+        }
+    )
+    settled = committed.model_copy(
+        update={
+            "phase": ClaimPhase.CONSUMED,
+            "consumed": {"tokens": Decimal(5)},
+            "settlement": Settlement(
+                key="k",
+                phase=ClaimPhase.CONSUMED,
+                reason="Completed",
+                at=T0 + timedelta(seconds=12),
+            ),
+        }
+    )
+    history = [{}, {"u": reserved}, {"u": committed}, {"u": settled}]
+    for before, after in itertools.pairwise(history):
+        metrics.observe_written("ns", klass, before, after, created)
+        metrics.observe_written("ns", klass, after, after, created)  # a rewrite: nothing new
+    assert sample("reservoir_claim_admission_wait_seconds_count", klass) == 1
+    assert sample("reservoir_claim_admission_wait_seconds_sum", klass) == 2
+    assert sample("reservoir_claim_commit_wait_seconds_sum", klass) == 3
+    assert sample("reservoir_claim_hold_seconds_sum", klass) == 10
+    assert sample("reservoir_lease_renewals_total", klass, result="granted") == 2
+    assert sample("reservoir_claim_consumed_ratio_count", klass, resource="tokens") == 1
+    assert sample("reservoir_claim_consumed_ratio_sum", klass, resource="tokens") == 0.25
+
+
+def test_a_moment_skipped_by_coalescing_is_still_observed_once() -> None:
+    """The operator may see a claim only when it is already settled (every intermediate state
+    coalesced): its admission, commit and hold are observed by that one write."""
+    klass = "unit-coalesced"
+    settled = entry(
+        ClaimPhase.RELEASED,
+        first_reserved_at=T0 + timedelta(seconds=1),
+        settlement=Settlement(
+            key="k", phase=ClaimPhase.RELEASED, reason="Cancelled", at=T0 + timedelta(seconds=4)
+        ),
+    )
+    metrics.observe_written("ns", klass, {}, {"u": settled}, {"u": T0})
+    assert sample("reservoir_claim_admission_wait_seconds_count", klass) == 1
+    assert sample("reservoir_claim_hold_seconds_sum", klass) == 3
+    # Released claims never ran: they say nothing about how much a branch needs.
+    assert sample("reservoir_claim_consumed_ratio_count", klass, resource="tokens") == 0
+
+
+def test_an_envelopes_gauges_go_with_it() -> None:
+    gauges = metrics.EnvelopeGauges()
+    snapshot = metrics.EnvelopeSnapshot(
+        workflow_class="c",
+        totals=ResourceTotals(
+            capacity={"tokens": Decimal(100)}, available={"tokens": Decimal(100)}
+        ),
+        counts={"Tentative": 1},
+        stranded={"tokens": Decimal(0)},
+        ambiguity_deadline_seconds=600,
+    )
+    gauges.record("ns", "e", snapshot)
+    names = {s.name for family in gauges.collect() for s in family.samples}
+    assert "reservoir_envelope_capacity" in names and "reservoir_envelope_ledger_healthy" in names
+    gauges.unhealthy("ns", "e")
+    health = [s for f in gauges.collect() for s in f.samples if s.name.endswith("ledger_healthy")]
+    assert [s.value for s in health] == [0]
+    gauges.forget("ns", "e")
+    assert all(not family.samples for family in gauges.collect())

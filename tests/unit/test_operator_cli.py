@@ -1,0 +1,79 @@
+"""`reservoir-operator` as a user meets it: --help, --version, and failing fast and clearly
+when there is nothing to log in with."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reservoir import __version__
+from reservoir.cli.operator import parse, peering_priority
+from reservoir.endpoints import Health
+
+OPERATOR = Path(sys.executable).parent / "reservoir-operator"
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(OPERATOR), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+
+
+def test_version_prints_the_package_version() -> None:
+    result = run("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"reservoir-operator {__version__}"
+
+
+def test_help_lists_every_flag_with_its_default() -> None:
+    text = " ".join(run("--help").stdout.split())
+    for flag, default in {
+        "--namespace": "[]",
+        "--metrics-port": "8080",
+        "--liveness": "None",
+        "--peering": "None",
+        "--priority": "None",
+        "--verbose": "False",
+        "--all-namespaces": "False",
+    }.items():
+        assert flag in text
+        after = text[text.index(flag) :]
+        assert f"(default: {default})" in after, flag
+
+
+@pytest.mark.parametrize("kubeconfig", ["missing", "empty"])
+def test_without_credentials_it_exits_at_once_with_one_line(
+    tmp_path: Path, kubeconfig: str
+) -> None:
+    path = tmp_path / "kubeconfig"
+    if kubeconfig == "empty":
+        path.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(path)}
+    result = run("--metrics-port", "0", env=env)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("reservoir-operator: no Kubernetes credentials")
+    assert str(path) in lines[0] and "serviceaccount" in lines[0]
+
+
+def test_peering_replicas_get_distinct_random_priorities_unless_one_is_given() -> None:
+    args = parse(["--peering", "reservoir"])
+    chosen = {peering_priority(args.peering, args.priority) for _ in range(20)}
+    assert len(chosen) == 20 and min(chosen) > 0
+    assert peering_priority("reservoir", 7) == 7
+    assert peering_priority(None, None) == 0
+
+
+def test_readiness_reflects_start_up_and_the_latest_reconcile() -> None:
+    health = Health()
+    assert health.problem() == "starting"
+    health.started = True
+    assert health.problem() is None
+    health.failed("ConnectError: refused")
+    assert health.problem() is not None and "ConnectError" in health.problem()  # type: ignore[operator]
+    health.succeeded()
+    assert health.problem() is None
