@@ -24,9 +24,21 @@ OPERATOR = REPO / ".venv" / "bin" / "reservoir-operator"
 def crds(cluster: ClusterHandle) -> None:
     cluster.kubectl("apply", "-f", str(REPO / "crds"))
     for name in ("reservationenvelopes", "branchclaims"):
-        cluster.kubectl(
-            "wait", "--for=condition=Established", f"crd/{name}.reservoir.dev", "--timeout=60s"
-        )
+        # `kubectl wait` fails outright on a CRD whose status has no conditions yet.
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                cluster.kubectl(
+                    "wait",
+                    "--for=condition=Established",
+                    f"crd/{name}.reservoir.dev",
+                    "--timeout=60s",
+                )
+                break
+            except RuntimeError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
 
 
 @pytest.fixture

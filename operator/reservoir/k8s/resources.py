@@ -13,6 +13,8 @@ BranchClaim = create_namespaced_resource(API_GROUP, API_VERSION, "BranchClaim", 
 
 ENVELOPE_LABEL = f"{API_GROUP}/envelope"
 CLAIM_LABEL = f"{API_GROUP}/claim"
+# An envelope's workflow class: metrics and right-sizing aggregate over it.
+WORKFLOW_CLASS_LABEL = f"{API_GROUP}/workflow-class"
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
 FORCE_SETTLE_GONE_ANNOTATION = f"{API_GROUP}/force-settle-gone"
 FINALIZER = f"{API_GROUP}/settlement"
