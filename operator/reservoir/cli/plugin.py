@@ -5,6 +5,7 @@
     kubectl reservoir usage CLAIM tokens=5k            # cumulative usage so far
     kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded
     kubectl reservoir ledger ENVELOPE
+    kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing
 
 Claims created by `hold` name a lease holder, and only that holder may dispatch or renew
 them. Every invocation uses the same holder, `--holder` (default: $RESERVOIR_HOLDER, else
@@ -16,15 +17,20 @@ from __future__ import annotations
 
 import argparse
 import getpass
+import json
 import os
 import sys
 from collections.abc import Sequence
+from decimal import Decimal
+from fractions import Fraction
 
 from lightkube import ApiError
 
 from reservoir.core.ledger import render
 from reservoir.core.model import BranchClaimStatus, LedgerEntry
 from reservoir.core.quantity import QuantityError, format_quantity
+from reservoir.core.rightsizing import Recommendation, recommend, round_ratio
+from reservoir.k8s.resources import WORKFLOW_CLASS_LABEL
 from reservoir.sdk import ClaimView, EnvelopeView, Reservoir, ReservoirError
 from reservoir.sdk.client import HOLDER_ENV
 
@@ -124,6 +130,103 @@ def show_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> str:
     return "\n".join(lines)
 
 
+def recommendation(
+    sdk: Reservoir, workflow_class: str, all_namespaces: bool
+) -> tuple[list[EnvelopeView], Recommendation]:
+    """The right-sizing of a workflow class: the settled claims of every envelope labelled
+    with it (in the namespace, or in all of them)."""
+    envelopes = sdk.envelopes({WORKFLOW_CLASS_LABEL: workflow_class}, all_namespaces)
+    if not envelopes:
+        where = "any namespace" if all_namespaces else sdk.namespace
+        raise ReservoirError(
+            f"no envelopes with label {WORKFLOW_CLASS_LABEL}={workflow_class} in {where}"
+        )
+    records = [r for e in envelopes for r in sdk.settled_records(e.name, e.namespace)]
+    return envelopes, recommend(records)
+
+
+def _ratio(value: Fraction | None) -> str | None:
+    """C/R to four decimal places (the exact Fraction rounded half to even)."""
+    return None if value is None else format_quantity(round_ratio(value))
+
+
+def _quantity(value: Decimal | None) -> str | None:
+    return None if value is None else format_quantity(value)
+
+
+def recommendation_json(
+    workflow_class: str, where: str | None, envelopes: Sequence[EnvelopeView], rec: Recommendation
+) -> str:
+    return json.dumps(
+        {
+            "workflowClass": workflow_class,
+            "namespace": where,
+            "envelopes": [f"{e.namespace}/{e.name}" for e in envelopes],
+            "claims": rec.claims,
+            "excluded": rec.excluded,
+            "minSamples": rec.min_samples,
+            "resources": [
+                {
+                    "resource": r.resource,
+                    "samples": r.samples,
+                    "p50Consumed": _quantity(r.p50_consumed),
+                    "p95Consumed": _quantity(r.p95_consumed),
+                    "maxConsumed": _quantity(r.max_consumed),
+                    "p50Reserved": _quantity(r.p50_reserved),
+                    "p50Ratio": _ratio(r.p50_ratio),
+                    "p95Ratio": _ratio(r.p95_ratio),
+                    "p95Demand": _quantity(r.p95_demand),
+                    "overran": r.capped,
+                    "suggestedRequest": _quantity(r.suggested),
+                    "explanation": r.explanation,
+                }
+                for r in rec.resources
+            ],
+        },
+        indent=2,
+    )
+
+
+def show_recommendation(
+    workflow_class: str, where: str | None, envelopes: Sequence[EnvelopeView], rec: Recommendation
+) -> str:
+    excluded = ", ".join(f"{count} {why}" for why, count in rec.excluded.items()) or "none"
+    lines = [
+        f"workflow class {workflow_class} in {where or 'all namespaces'}: "
+        f"{len(envelopes)} envelope(s), {rec.claims} settled Consumed claim(s) counted "
+        f"(excluded: {excluded})"
+    ]
+    if not rec.resources:
+        lines.append("(no claim of this class has settled Consumed yet: nothing to suggest)")
+        return "\n".join(lines)
+    rows = [
+        [
+            "RESOURCE",
+            "SAMPLES",
+            "P50 CONSUMED",
+            "P95 CONSUMED",
+            "P50 RESERVED",
+            "P95 C/R",
+            "SUGGESTED REQUEST",
+        ]
+    ]
+    for r in rec.resources:
+        rows.append(
+            [
+                r.resource,
+                str(r.samples),
+                format_quantity(r.p50_consumed),
+                format_quantity(r.p95_consumed),
+                format_quantity(r.p50_reserved),
+                _ratio(r.p95_ratio) or "-",
+                _quantity(r.suggested) or "-",
+            ]
+        )
+    lines += [table(rows), ""]
+    lines += [f"{r.resource}: {r.explanation}" for r in rec.resources]
+    return "\n".join(lines)
+
+
 def parser() -> argparse.ArgumentParser:
     main = argparse.ArgumentParser(prog="kubectl reservoir", description=__doc__)
     main.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
@@ -166,10 +269,26 @@ def parser() -> argparse.ArgumentParser:
 
     ledger = verbs.add_parser("ledger", help="an envelope's totals and claims")
     ledger.add_argument("envelope")
+
+    advise = verbs.add_parser(
+        "recommend", help="suggested requests per resource for a workflow class"
+    )
+    advise.add_argument("workflow_class", metavar="CLASS", help=f"{WORKFLOW_CLASS_LABEL} value")
+    # Also after the verb (`recommend CLASS -n NS`); SUPPRESS keeps a -n given before it.
+    advise.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help="namespace")
+    advise.add_argument(
+        "-A", "--all-namespaces", action="store_true", help="envelopes in every namespace"
+    )
+    advise.add_argument("-o", "--output", choices=["table", "json"], default="table")
     return main
 
 
 def run(args: argparse.Namespace, sdk: Reservoir) -> str:
+    if args.verb == "recommend":
+        envelopes, rec = recommendation(sdk, args.workflow_class, args.all_namespaces)
+        where = None if args.all_namespaces else sdk.namespace
+        show = recommendation_json if args.output == "json" else show_recommendation
+        return show(args.workflow_class, where, envelopes, rec)
     if args.verb == "ledger":
         return show_ledger(sdk.ledger(args.envelope), sdk.claims(args.envelope))
     if args.verb == "hold":

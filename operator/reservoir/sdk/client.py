@@ -61,18 +61,20 @@ from datetime import UTC, datetime, timedelta
 from types import TracebackType
 from typing import Any, TypeVar
 
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import ALL_NS, ApiError, AsyncClient, KubeConfig
 from lightkube.models.coordination_v1 import LeaseSpec
 from lightkube.models.meta_v1 import ObjectMeta, OwnerReference
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.types import PatchType
 
+from reservoir.core.claimstatus import settled_record
 from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
     BranchClaimSpec,
     ClaimPhase,
     CommitPoint,
+    LedgerEntry,
     ReservationEnvelopeStatus,
 )
 from reservoir.core.quantity import format_quantity, parse_resources
@@ -195,6 +197,45 @@ class AsyncReservoir:
                 BranchClaim, namespace=self.namespace, fields={"spec.envelope": envelope}
             )
         ]
+
+    async def envelopes(
+        self, labels: Mapping[str, str], all_namespaces: bool = False
+    ) -> list[EnvelopeView]:
+        """The envelopes carrying every label in `labels` (e.g. {WORKFLOW_CLASS_LABEL:
+        "research-agent"}), in this SDK's namespace or in all of them, by namespace and
+        name."""
+        found = [
+            EnvelopeView.from_api(as_dict(obj))
+            async for obj in self.client.list(
+                ReservationEnvelope,
+                namespace=ALL_NS if all_namespaces else self.namespace,
+                labels=dict(labels),
+            )
+        ]
+        return sorted(found, key=lambda view: (view.namespace, view.name))
+
+    async def settled_records(
+        self, envelope: str, namespace: str | None = None
+    ) -> list[LedgerEntry]:
+        """The record of every settled claim of `envelope` (in `namespace`, default this
+        SDK's): its settled ledger entries, then the records carried by the statuses of
+        settled claims whose entries were compacted out of the ledger (they last until
+        `policy.settledClaimTTLSeconds` deletes the claim). The envelope is read first, so
+        an entry compacted meanwhile is found in its claim's status."""
+        namespace = namespace or self.namespace
+        obj = await self.client.get(ReservationEnvelope, envelope, namespace=namespace)
+        status = ReservationEnvelopeStatus.model_validate(as_dict(obj).get("status") or {})
+        found = [entry for entry in status.entries.values() if entry.settlement is not None]
+        async for claim in self.client.list(
+            BranchClaim, namespace=namespace, fields={"spec.envelope": envelope}
+        ):
+            view = ClaimView.from_api(as_dict(claim))
+            if view.uid in status.entries:
+                continue
+            record = settled_record(view.status, view.uid, view.name, view.spec.attempt)
+            if record is not None:
+                found.append(record)
+        return found
 
     async def wait(
         self,
@@ -559,6 +600,14 @@ class Reservoir:
 
     def claims(self, envelope: str) -> list[ClaimView]:
         return self._run(self._async.claims(envelope))
+
+    def envelopes(
+        self, labels: Mapping[str, str], all_namespaces: bool = False
+    ) -> list[EnvelopeView]:
+        return self._run(self._async.envelopes(labels, all_namespaces))
+
+    def settled_records(self, envelope: str, namespace: str | None = None) -> list[LedgerEntry]:
+        return self._run(self._async.settled_records(envelope, namespace))
 
     def wait(
         self,

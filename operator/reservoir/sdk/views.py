@@ -142,3 +142,14 @@ class EnvelopeView:
     name: str
     namespace: str
     status: EnvelopeStatus
+    labels: dict[str, str] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def from_api(cls, obj: dict[str, Any]) -> EnvelopeView:
+        meta = obj["metadata"]
+        return cls(
+            name=meta["name"],
+            namespace=meta.get("namespace", ""),
+            status=EnvelopeStatus.model_validate(obj.get("status") or {}),
+            labels=dict(meta.get("labels") or {}),
+        )

@@ -1,0 +1,203 @@
+"""Right-sizing: what a workflow class's settled claims say its requests should be.
+
+A workflow class is a set of envelopes (the label `reservoir.dev/workflow-class`); each of
+their settled claims is a sample of reserved R and consumed C per resource. `recommend`
+summarizes them per resource and suggests a request: the p95 of observed demand, rounded
+up to three significant digits.
+
+What counts as a sample:
+
+- Only claims that settled **Consumed** with a measured C. A Released claim never ran (or
+  used nothing) and an Expired one lapsed before dispatch: neither says anything about
+  what the branch needs, so they are excluded and counted by phase. A claim charged its
+  whole reservation because its outcome was unknown at the ambiguity deadline
+  (`AmbiguityDeadlineQuarantine`) carries a policy's C = R, not a measurement: excluded
+  too, as `Quarantined`. Rejected claims never held anything.
+- Demand is C plus any overrun excess (`status.overrun.excess`): a branch that reported 25
+  against a reservation of 20 is charged C = 20 but needed 25, and a suggestion built on
+  the capped C alone would keep it capped.
+
+Every figure is exact: quantities are Decimals, ratios C/R are Fractions (shown rounded
+to four decimal places), and percentiles pick a sample, never interpolate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from decimal import ROUND_CEILING, Decimal, localcontext
+from fractions import Fraction
+from typing import TypeVar
+
+from reservoir.core.model import ClaimPhase, LedgerEntry
+from reservoir.core.quantity import format_quantity
+
+MIN_SAMPLES = 5
+SIGNIFICANT_DIGITS = 3
+RATIO_PLACES = 4
+QUARANTINE_REASON = "AmbiguityDeadlineQuarantine"
+QUARANTINED = "Quarantined"
+ZERO = Decimal(0)
+
+T = TypeVar("T", Decimal, Fraction)
+
+
+def nearest_rank(values: Sequence[T], percent: int) -> T:
+    """The `percent`-th percentile by the nearest-rank method: sort the n values
+    ascending and take the k-th (1-based), k = ceil(percent / 100 * n). It is always one of
+    the values (no interpolation), so it is exact; p100 is the maximum, and for n = 3 the
+    p50 is the 2nd value and the p95 the 3rd."""
+    if not values:
+        raise ValueError("no values: a percentile needs at least one")
+    if not 0 < percent <= 100:
+        raise ValueError(f"percent must be in (0, 100], not {percent}")
+    rank = -(-percent * len(values) // 100)  # ceil(percent * n / 100), in integers
+    return sorted(values)[rank - 1]
+
+
+def round_up(value: Decimal, digits: int = SIGNIFICANT_DIGITS) -> Decimal:
+    """`value` rounded up (towards +infinity) to `digits` significant digits: 12345 →
+    12400, 0.12341 → 0.124, 999 → 999, 0 → 0. Never below `value`, and less than
+    10^(1 - digits) above it relatively (1% for three digits)."""
+    if value <= ZERO:
+        return ZERO
+    quantum = Decimal(1).scaleb(value.adjusted() - digits + 1)
+    with localcontext() as context:
+        context.prec = 60
+        rounded = (value / quantum).to_integral_value(rounding=ROUND_CEILING) * quantum
+    return Decimal(format_quantity(rounded))
+
+
+def round_ratio(ratio: Fraction, places: int = RATIO_PLACES) -> Decimal:
+    """A ratio as a Decimal with at most `places` decimals, rounded half to even, from the
+    exact Fraction (integer arithmetic: no double rounding)."""
+    scaled = ratio * 10**places
+    quotient, remainder = divmod(scaled.numerator, scaled.denominator)
+    twice = 2 * remainder
+    if twice > scaled.denominator or (twice == scaled.denominator and quotient % 2 == 1):
+        quotient += 1
+    return Decimal(format_quantity(Decimal(quotient).scaleb(-places)))
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One settled claim's record: its terminal phase and settlement reason, and per
+    resource what it reserved (R), was charged (C) and reported above R (overrun excess)."""
+
+    phase: ClaimPhase
+    reserved: Mapping[str, Decimal]
+    consumed: Mapping[str, Decimal] = field(default_factory=dict)
+    excess: Mapping[str, Decimal] = field(default_factory=dict)
+    reason: str = ""
+
+    @classmethod
+    def from_entry(cls, entry: LedgerEntry) -> Sample | None:
+        """The sample a ledger entry (or a settled claim's status record) gives; None for
+        a claim that has not settled."""
+        if entry.settlement is None or not entry.phase.terminal:
+            return None
+        return cls(
+            phase=entry.settlement.phase,
+            reserved=dict(entry.reserved),
+            consumed=dict(entry.consumed),
+            excess=dict(entry.overrun.excess) if entry.overrun else {},
+            reason=entry.settlement.reason,
+        )
+
+    @property
+    def exclusion(self) -> str | None:
+        """Why this claim says nothing about need (None: it counts)."""
+        if self.phase is not ClaimPhase.CONSUMED:
+            return self.phase.value
+        if self.reason == QUARANTINE_REASON:
+            return QUARANTINED
+        return None
+
+
+@dataclass(frozen=True)
+class ResourceRecommendation:
+    resource: str
+    samples: int  # counted claims that reserved this resource
+    p50_consumed: Decimal
+    p95_consumed: Decimal
+    max_consumed: Decimal
+    p50_reserved: Decimal
+    p50_ratio: Fraction | None  # C/R over the samples with R > 0 (None: there are none)
+    p95_ratio: Fraction | None
+    p95_demand: Decimal  # demand = C + overrun excess
+    capped: int  # samples whose usage went above R (C was capped at R)
+    suggested: Decimal | None  # None: too few samples
+    explanation: str
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    claims: int  # settled claims counted as samples
+    excluded: dict[str, int]  # claims left out, by phase (or Quarantined)
+    resources: list[ResourceRecommendation]
+    min_samples: int = MIN_SAMPLES
+
+
+def recommend(
+    samples: Iterable[Sample | LedgerEntry], min_samples: int = MIN_SAMPLES
+) -> Recommendation:
+    """Per resource: sample size, p50/p95/max of consumed C, p50 of reserved R, p50/p95 of
+    C/R, and a suggested request, the p95 of demand (C plus overrun excess) rounded up to
+    three significant digits; None below `min_samples` samples. The suggestion is the
+    p95, not the maximum: about one claim in twenty may need more, and such a claim is
+    charged at most its R with the excess recorded as an overrun, never an overdraft."""
+    counted: list[Sample] = []
+    excluded: dict[str, int] = {}
+    for item in samples:
+        sample = Sample.from_entry(item) if isinstance(item, LedgerEntry) else item
+        if sample is None:
+            continue
+        why = sample.exclusion
+        if why is None:
+            counted.append(sample)
+        else:
+            excluded[why] = excluded.get(why, 0) + 1
+    names = sorted({name for sample in counted for name in sample.reserved})
+    resources = [_resource(name, counted, min_samples) for name in names]
+    return Recommendation(len(counted), dict(sorted(excluded.items())), resources, min_samples)
+
+
+def _resource(name: str, counted: Sequence[Sample], min_samples: int) -> ResourceRecommendation:
+    held = [s for s in counted if name in s.reserved]
+    reserved = [s.reserved[name] for s in held]
+    consumed = [s.consumed.get(name, ZERO) for s in held]
+    demand = [c + s.excess.get(name, ZERO) for c, s in zip(consumed, held, strict=True)]
+    ratios = [Fraction(c) / Fraction(r) for c, r in zip(consumed, reserved, strict=True) if r]
+    capped = sum(1 for s in held if s.excess.get(name, ZERO) > ZERO)
+    p95_consumed = nearest_rank(consumed, 95)
+    p95_demand = nearest_rank(demand, 95)
+    n = len(held)
+    if n < min_samples:
+        suggested = None
+        explanation = f"too few samples ({n} < {min_samples}): no suggestion"
+    else:
+        suggested = round_up(p95_demand)
+        basis = (
+            f"p95 of demand (consumed plus overrun; {capped} of {n} claims overran R) is "
+            f"{format_quantity(p95_demand)}"
+            if capped
+            else f"p95 of consumed over {n} claims is {format_quantity(p95_consumed)}"
+        )
+        explanation = (
+            f"{basis}, rounded up to {SIGNIFICANT_DIGITS} significant digits; "
+            "about 1 claim in 20 may need more"
+        )
+    return ResourceRecommendation(
+        resource=name,
+        samples=n,
+        p50_consumed=nearest_rank(consumed, 50),
+        p95_consumed=p95_consumed,
+        max_consumed=max(consumed),
+        p50_reserved=nearest_rank(reserved, 50),
+        p50_ratio=nearest_rank(ratios, 50) if ratios else None,
+        p95_ratio=nearest_rank(ratios, 95) if ratios else None,
+        p95_demand=p95_demand,
+        capped=capped,
+        suggested=suggested,
+        explanation=explanation,
+    )
