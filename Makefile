@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 CLUSTER_DIR ?= .cluster
 export RESERVOIR_CLUSTER_DIR := $(abspath $(CLUSTER_DIR))
 
-.PHONY: help venv tools cluster-up cluster-down lint test test-unit test-integration crds demo bench clean
+.PHONY: help venv tools cluster-up cluster-down lint test test-unit test-integration crds dashboard demo bench clean
 
 help:
 	@echo "make demo          local cluster + operator + example branching workflow + ledger"
@@ -14,6 +14,7 @@ help:
 	@echo "make cluster-up    start the local control plane (idempotent), prints KUBECONFIG"
 	@echo "make cluster-down  stop it, leaving no process behind"
 	@echo "make crds          regenerate crds/ from the pydantic models"
+	@echo "make dashboard     regenerate the Grafana dashboard from reservoir/dashboard.py"
 	@echo "make bench         settlement throughput and latency vs a raw API baseline"
 
 venv: $(VENV)/.installed
@@ -39,6 +40,9 @@ lint: venv
 
 crds: venv
 	$(BIN)/python -m reservoir.crdgen crds
+
+dashboard: venv
+	$(BIN)/python -m reservoir.dashboard > charts/reservoir/files/grafana-dashboard.json
 
 # The integration tests start (and stop) their own cluster in .cluster/test.
 test: venv tools lint

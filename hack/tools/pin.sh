@@ -53,3 +53,5 @@ pin_kubernetes
 pin_simple etcd go.etcd.io/etcd/server/v3 "$ETCD_VERSION" go.etcd.io/etcd/server/v3
 pin_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 pin_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+pin_simple prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
+  github.com/prometheus/prometheus/cmd/promtool
