@@ -9,20 +9,18 @@ which `make tools` builds into the control plane's cache; without it they fail, 
 from __future__ import annotations
 
 import importlib
-import os
 import re
 import subprocess
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.metrics_core import Metric
 
+from tests.tools import tool
+
 REPO = Path(__file__).resolve().parents[2]
-CACHE = Path(os.environ.get("RESERVOIR_CACHE", Path.home() / ".cache" / "reservoir"))
-PROMTOOL = CACHE / "bin" / "current" / "promtool"
 
 # Names of the series a family of each type exposes, after its base name.
 _SUFFIXES = {
@@ -71,10 +69,8 @@ def referenced_metric_names(expression: str) -> set[str]:
 
 def promtool(*args: str, cwd: Path = REPO) -> str:
     """Run promtool, failing the test (with its output) unless it exits 0."""
-    if not os.access(PROMTOOL, os.X_OK):
-        pytest.fail(f"{PROMTOOL} not found: run `make tools` to build it", pytrace=False)
     result = subprocess.run(
-        [str(PROMTOOL), *args], cwd=cwd, capture_output=True, text=True, timeout=120
+        [str(tool("promtool")), *args], cwd=cwd, capture_output=True, text=True, timeout=120
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, (
