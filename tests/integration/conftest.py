@@ -52,16 +52,25 @@ def ns(cluster: ClusterHandle, crds: None) -> Iterator[str]:
 class OperatorProcess:
     """One `reservoir-operator` process, as a user would run it."""
 
-    def __init__(self, cluster: ClusterHandle, namespace: str, log: Path, *extra: str) -> None:
+    def __init__(
+        self,
+        cluster: ClusterHandle,
+        namespace: str | None,
+        log: Path,
+        *extra: str,
+        kubeconfig: Path | None = None,
+    ) -> None:
+        """namespace None: the whole cluster (-A); kubeconfig: other credentials than
+        the cluster's (a ServiceAccount token, say)."""
         self.port = _free_port()
         self.log = log
-        env = {**os.environ, "KUBECONFIG": str(cluster.kubeconfig_path)}
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig_path)}
+        scope = ["-n", namespace] if namespace is not None else ["-A"]
         with log.open("ab") as out:
             self.process = subprocess.Popen(
                 [
                     str(OPERATOR),
-                    "-n",
-                    namespace,
+                    *scope,
                     "--metrics-port",
                     "0",
                     "--liveness",

@@ -22,7 +22,12 @@ from tests.integration.helpers import (
 def test_dynamic_branches_pruned_capacity_returns_before_the_workflow_ends(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
-    """branch-claims.txt: an agent may call one of eight tools; two are selected."""
+    dynamic_branches(cluster, ns, sdk)
+
+
+def dynamic_branches(cluster: ClusterHandle, ns: str, sdk: Reservoir) -> None:
+    """branch-claims.txt: an agent may call one of eight tools; two are selected.
+    (Also run by tests/integration/test_rbac.py under the chart's RBAC.)"""
     create_envelope(cluster, ns, "agent", {"tokens": "160k"}, defaultLeaseSeconds=120)
     tools = ["search", "code", "sql", "browse", "math", "image", "email", "calendar"]
     claims = {t: sdk.hold("agent", t, {"tokens": "20k"}, name=f"agent-{t}") for t in tools}
@@ -52,8 +57,13 @@ def test_dynamic_branches_pruned_capacity_returns_before_the_workflow_ends(
 def test_parallel_settlement_worked_example_ends_at_37_committed_63_available(
     cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
 ) -> None:
+    worked_example(cluster, ns, sdk)
+
+
+def worked_example(cluster: ClusterHandle, ns: str, sdk: Reservoir) -> None:
     """child-settlement.txt: parent 100, four children of 20; A 20, B 12, C skipped, D times
-    out after activation and reports 5 late."""
+    out after activation and reports 5 late. (Also run by tests/integration/test_rbac.py
+    under the chart's RBAC.)"""
     create_envelope(
         cluster,
         ns,
@@ -65,12 +75,14 @@ def test_parallel_settlement_worked_example_ends_at_37_committed_63_available(
     a = sdk.hold("parent", "A", {"tokens": "20"}, name="a")
     b = sdk.hold("parent", "B", {"tokens": "20"}, name="b")
     c = sdk.hold("parent", "C", {"tokens": "20"}, name="c")
-    d = sdk.hold("parent", "D", {"tokens": "20"}, name="d", lease_seconds=3)
+    # A short lease, which D never renews: long enough for the SDK's dispatch (it wants 2 s
+    # of lease left) on a loaded machine too.
+    d = sdk.hold("parent", "D", {"tokens": "20"}, name="d", lease_seconds=6)
     for claim in (a, b, c, d):
         wait_phase(sdk, claim, "Tentative")
     settled_ledger(sdk, "parent", reserved="80", available="20")
 
-    a, b, d = (sdk.dispatch(sdk.get(x)) for x in (a, b, d))
+    d, a, b = (sdk.dispatch(sdk.get(x)) for x in (d, a, b))
     sdk.cancel(sdk.get(c))
     d = sdk.report_usage(wait_phase(sdk, d, "Committed"), {"tokens": "1"})  # D activated
     sdk.finish(sdk.get(a), {"tokens": "20"})

@@ -123,3 +123,36 @@ def test_no_transition_rule_sits_on_a_field_that_can_be_removed() -> None:
                 )
                 step = step.rsplit(".", 1)[0]
     assert transition_rules >= 8, "the walk found the transition rules"
+
+
+CHART = CRDS.parent / "charts" / "reservoir"
+
+
+def test_the_chart_carries_the_same_crds_and_policy_and_drift_there_is_caught(
+    tmp_path: Path,
+) -> None:
+    """One source of truth: the chart's crds/ are crds/'s CRDs (and kopf's peering CRDs),
+    its admission template is crds/'s policy named per release, and `--check` fails when
+    any of them drifts."""
+    for name in (*crdgen.crds(), "kopf.dev_peerings.yaml"):
+        assert (CHART / "crds" / name).read_text() == (CRDS / name).read_text(), name
+    template = (CHART / "templates" / "admission-policy.yaml").read_text()
+    for document in crdgen.claim_admission_policy():
+        for validation in document["spec"].get("validations", []):
+            assert yaml.safe_dump(validation["expression"], width=100)[:60] in template
+
+    crds, chart = tmp_path / "crds", tmp_path / "charts" / "reservoir"
+    assert crdgen.main([str(crds)]) == 0  # generates both, the chart next to crds/
+    assert crdgen.main(["--check", str(crds)]) == 0
+    for drifted in (
+        chart / "crds" / "reservoir.dev_branchclaims.yaml",
+        chart / "crds" / "kopf.dev_peerings.yaml",
+        chart / "templates" / "admission-policy.yaml",
+    ):
+        original = drifted.read_text()
+        drifted.write_text(original + "# edited by hand\n")
+        assert crdgen.main(["--check", str(crds)]) == 1, drifted
+        drifted.unlink()
+        assert crdgen.main(["--check", str(crds)]) == 1, drifted
+        drifted.write_text(original)
+    assert crdgen.main(["--check", str(crds), "--chart", str(tmp_path / "elsewhere")]) == 1

@@ -1,0 +1,329 @@
+"""The Helm chart: lint-clean for every combination of values its schema allows, the
+schema rejects what it should, the rendered manifests pass the API server's dry run, and
+install / upgrade / uninstall create, change and remove exactly the release's objects
+(uninstall leaves only the CRDs, as Helm does)."""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.clusters import ClusterHandle, schemaless_crd
+from tests.integration.chart import CHART, KUBE_VERSION, helm, render, set_args
+from tests.integration.helpers import eventually
+
+# Each switch: (default, other). The schema rules out two combinations, checked below.
+SWITCHES: dict[str, tuple[Any, Any]] = {
+    "replicaCount": (2, 1),
+    "watchNamespaces": ([], ["team-a", "team-b"]),
+    "peering.enabled": (True, False),
+    "serviceAccount.create": (True, False),
+    "rbac.create": (True, False),
+    "rbac.userRoles": (True, False),
+    "verbose": (False, True),
+    "metrics.service.enabled": (True, False),
+    "metrics.serviceMonitor.enabled": (False, True),
+    "metrics.prometheusRule.enabled": (False, True),
+    "metrics.dashboard.enabled": (False, True),
+    "placeholderPriorityClass.create": (True, False),
+    "admissionPolicy.enabled": (True, False),
+}
+MONITORING = {
+    "metrics.serviceMonitor.enabled": True,
+    "metrics.prometheusRule.enabled": True,
+    "metrics.dashboard.enabled": True,
+}
+
+
+def allowed_by_schema(values: dict[str, Any]) -> bool:
+    service = values.get("metrics.service.enabled", True)
+    return service or not values.get("metrics.serviceMonitor.enabled", False)
+
+
+def with_requirements(values: dict[str, Any]) -> dict[str, Any]:
+    if values.get("serviceAccount.create") is False:
+        return {**values, "serviceAccount.name": "existing-sa"}
+    return values
+
+
+def combinations() -> list[dict[str, Any]]:
+    """The defaults, each switch flipped alone, all flipped, and a fixed random sample."""
+    found = [{}, {k: other for k, (_, other) in SWITCHES.items()}]
+    found += [{key: other} for key, (_, other) in SWITCHES.items()]
+    rng = random.Random(9)
+    found += [{k: rng.choice(pair) for k, pair in SWITCHES.items()} for _ in range(24)]
+    return [with_requirements(v) for v in found if allowed_by_schema(v)]
+
+
+def lint(values: dict[str, Any]) -> str:
+    return helm(None, "lint", "--strict", str(CHART), *set_args(values), check=False)
+
+
+def test_lint_strict_and_render_for_every_combination_of_values() -> None:
+    for values in combinations():
+        out = lint(values)
+        assert "0 chart(s) failed" in out, f"helm lint --strict with {values}:\n{out}"
+        docs = render(values)
+        keys = [(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]) for d in docs]
+        assert len(keys) == len(set(keys)), f"{values}: an object twice: {keys}"
+        for doc in docs:
+            labels = doc["metadata"].get("labels") or {}
+            assert labels.get("app.kubernetes.io/instance") == "rel", f"{values}: {doc}"
+        kinds = {d["kind"] for d in docs}
+        assert ("ServiceMonitor" in kinds) == values.get("metrics.serviceMonitor.enabled", False)
+        assert ("ClusterRoleBinding" in kinds) == values.get("rbac.create", True)
+        if values.get("watchNamespaces") and values.get("rbac.create", True):
+            roles = {d["metadata"]["namespace"] for d in docs if d["kind"] == "Role"}
+            assert roles == set(values["watchNamespaces"])
+
+
+def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
+    docs = render({})
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    assert deployment["spec"]["replicas"] == 2
+    assert container["image"] == "ghcr.io/reservoir-dev/reservoir-operator:0.1.0"
+    assert pod["securityContext"]["runAsNonRoot"] and pod["securityContext"]["runAsUser"] == 65532
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] and not security["allowPrivilegeEscalation"]
+    assert security["capabilities"]["drop"] == ["ALL"]
+    assert security["seccompProfile"]["type"] == "RuntimeDefault"
+    assert container["resources"]["requests"] and container["resources"]["limits"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    assert container["args"] == [
+        "--all-namespaces",
+        "--peering=rel-reservoir",
+        "--metrics-port=8080",
+        "--liveness=http://0.0.0.0:8081/healthz",
+    ]
+    assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    peering = next(d for d in docs if d["kind"] == "ClusterKopfPeering")
+    assert peering["metadata"]["name"] == "rel-reservoir"
+    namespaced = render({"watchNamespaces": ["a", "b"]})
+    container = next(d for d in namespaced if d["kind"] == "Deployment")["spec"]["template"][
+        "spec"
+    ]["containers"][0]
+    assert container["args"][:3] == ["--namespace=a", "--namespace=b", "--peering=rel-reservoir"]
+    assert {(d["kind"], d["metadata"].get("namespace")) for d in namespaced} >= {
+        ("KopfPeering", "a"),
+        ("KopfPeering", "b"),
+        ("Role", "a"),
+        ("RoleBinding", "b"),
+    }
+
+
+def test_no_rule_uses_a_wildcard_or_touches_secrets() -> None:
+    for values in ({}, {"watchNamespaces": ["a"]}):
+        for doc in render(values):
+            for rule in doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []:
+                for field in ("apiGroups", "resources", "verbs"):
+                    assert "*" not in rule.get(field, []), f"{doc['metadata']['name']}: {rule}"
+                assert "secrets" not in rule.get("resources", []), doc["metadata"]["name"]
+                assert not rule.get("nonResourceURLs"), doc["metadata"]["name"]
+
+
+def test_the_schema_rejects_typos_and_wrong_types() -> None:
+    for values in (
+        {"replicacount": 2},
+        {"image.tags": "x"},
+        {"metrics.servicemonitor.enabled": True},
+        {"peering.enable": True},
+        {"placeholderPriorityClass.preemptionPolicy": "Never"},
+        {"replicaCount": "two"},
+        {"watchNamespaces": "team-a"},
+        {"watchNamespaces": ["Team_A"]},
+        {"image.pullPolicy": "Sometimes"},
+        {"metrics.service.enabled": False, "metrics.serviceMonitor.enabled": True},
+        {"serviceAccount.create": False},
+    ):
+        out = lint(values)
+        assert "1 chart(s) failed" in out and "schema" in out, f"accepted {values}:\n{out}"
+
+
+def test_the_prometheus_rule_is_the_rule_file_and_the_dashboard_the_json() -> None:
+    docs = render(MONITORING)
+    rule = next(d for d in docs if d["kind"] == "PrometheusRule")
+    rule_file = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
+    assert rule["spec"] == rule_file
+    dashboard = next(d for d in docs if d["kind"] == "ConfigMap")
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "files" / "grafana-dashboard.json").read_text())
+    assert json.loads(dashboard["data"]["reservoir.json"]) == shipped
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(cluster: ClusterHandle, crds: None) -> None:
+    """The Prometheus Operator's kinds, schemaless: enough for the API server to take a
+    ServiceMonitor and a PrometheusRule."""
+    for kind, plural in (
+        ("ServiceMonitor", "servicemonitors"),
+        ("PrometheusRule", "prometheusrules"),
+    ):
+        crd = schemaless_crd("monitoring.coreos.com", kind, plural)
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(crd))
+        cluster.kubectl(
+            "wait",
+            "--for=condition=Established",
+            f"crd/{plural}.monitoring.coreos.com",
+            "--timeout=60s",
+        )
+
+
+def test_rendered_manifests_pass_the_api_servers_dry_run(
+    cluster: ClusterHandle, ns: str, monitoring_crds: None
+) -> None:
+    watched = [f"{ns}-a", f"{ns}-b"]
+    for name in watched:
+        cluster.kubectl("create", "namespace", name)
+    try:
+        for values in (MONITORING, {**MONITORING, "watchNamespaces": watched}):
+            out = helm(
+                None,
+                "template",
+                "dry",
+                str(CHART),
+                "--namespace",
+                ns,
+                "--include-crds",
+                "--kube-version",
+                KUBE_VERSION,
+                *set_args(values),
+            )
+            applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=out)
+            assert "servicemonitor.monitoring.coreos.com/dry-reservoir" in applied, applied
+            assert "validatingadmissionpolicy.admissionregistration.k8s.io/dry-reservoir" in (
+                applied
+            )
+            assert "deployment.apps/dry-reservoir" in applied
+    finally:
+        for name in watched:
+            cluster.kubectl("delete", "namespace", name, "--wait=false")
+
+
+def exists(cluster: ClusterHandle, kind: str, name: str, namespace: str | None = None) -> bool:
+    args = ["get", kind, name, "--ignore-not-found", "-o", "name"]
+    if namespace:
+        args += ["-n", namespace]
+    return bool(cluster.kubectl(*args).strip())
+
+
+def cluster_scoped_of(cluster: ClusterHandle, release: str) -> list[str]:
+    """Every cluster-scoped object labelled with the release, whatever its kind."""
+    kinds = cluster.kubectl("api-resources", "--namespaced=false", "--verbs=list", "-o", "name")
+    found = []
+    for kind in kinds.split():
+        listed = cluster.kubectl(
+            "get", kind, "-l", f"app.kubernetes.io/instance={release}", "-o", "name"
+        )
+        found += listed.split()
+    return found
+
+
+@pytest.fixture
+def release_name(cluster: ClusterHandle) -> Iterator[str]:
+    name = f"inst-{uuid.uuid4().hex[:6]}"
+    yield name
+    helm(cluster, "uninstall", name, "-n", f"{name}-system", "--wait", check=False)
+    cluster.kubectl("delete", "namespace", f"{name}-system", "--wait=false", "--ignore-not-found")
+
+
+def test_install_upgrade_uninstall(
+    cluster: ClusterHandle, ns: str, monitoring_crds: None, release_name: str
+) -> None:
+    name, namespace, full = release_name, f"{release_name}-system", f"{release_name}-reservoir"
+    # Without --skip-crds: the chart's CRDs already exist (identical), so Helm skips them.
+    helm(
+        cluster,
+        "install",
+        name,
+        str(CHART),
+        "-n",
+        namespace,
+        "--create-namespace",
+        "--wait",
+        "--timeout=90s",
+        *set_args(MONITORING),
+    )
+    expected = [
+        ("deployment", full, namespace),
+        ("serviceaccount", full, namespace),
+        ("service", f"{full}-metrics", namespace),
+        ("servicemonitor", full, namespace),
+        ("prometheusrule", full, namespace),
+        ("configmap", f"{full}-dashboard", namespace),
+        ("clusterrole", full, None),
+        ("clusterrolebinding", full, None),
+        ("clusterrole", "reservoir-worker", None),
+        ("clusterrole", "reservoir-envelope-editor", None),
+        ("clusterrole", "reservoir-viewer", None),
+        ("priorityclass", "reservoir-placeholder", None),
+        ("clusterkopfpeering", full, None),
+        ("validatingadmissionpolicy", f"{full}-branchclaims", None),
+        ("validatingadmissionpolicybinding", f"{full}-branchclaims", None),
+        ("crd", "reservationenvelopes.reservoir.dev", None),
+        ("crd", "branchclaims.reservoir.dev", None),
+        ("crd", "clusterkopfpeerings.kopf.dev", None),
+        ("crd", "kopfpeerings.kopf.dev", None),
+    ]
+    missing = [e for e in expected if not exists(cluster, *e)]
+    assert not missing, f"not created: {missing}"
+    placeholder = json.loads(
+        cluster.kubectl("get", "priorityclass", "reservoir-placeholder", "-o", "json")
+    )
+    assert placeholder["preemptionPolicy"] == "Never" and placeholder["value"] <= 0
+    # Two replicas (KWOK runs the pods), spread over two nodes.
+    pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
+    assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]
+    cluster_scoped = cluster_scoped_of(cluster, name)
+    assert len(cluster_scoped) == 9, cluster_scoped  # the 9 cluster-scoped objects above
+
+    # Upgrade: replicas, resources, and the operator limited to one namespace.
+    helm(
+        cluster,
+        "upgrade",
+        name,
+        str(CHART),
+        "-n",
+        namespace,
+        "--reuse-values",
+        "--wait",
+        "--timeout=90s",
+        *set_args({"replicaCount": 3, "resources.limits.memory": "1Gi", "watchNamespaces": [ns]}),
+    )
+    deployment = json.loads(
+        cluster.kubectl("get", "deployment", full, "-n", namespace, "-o", "json")
+    )
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    assert deployment["spec"]["replicas"] == 3
+    assert deployment["status"].get("readyReplicas") == 3
+    assert container["resources"]["limits"]["memory"] == "1Gi"
+    assert f"--namespace={ns}" in container["args"]
+    assert exists(cluster, "role", full, ns) and exists(cluster, "kopfpeering", full, ns)
+    assert not exists(cluster, "clusterkopfpeering", full)
+    rules = json.loads(cluster.kubectl("get", "clusterrole", full, "-o", "json"))["rules"]
+    assert {r["resources"][0] for r in rules} == {"customresourcedefinitions", "namespaces"}
+
+    helm(cluster, "uninstall", name, "-n", namespace, "--wait")
+    leftovers = cluster_scoped_of(cluster, name) + [
+        f"{kind}/{obj}"
+        for kind, obj, where in expected
+        if where is None and kind != "crd" and exists(cluster, kind, obj)
+    ]
+    assert not leftovers, f"left behind by helm uninstall: {leftovers}"
+    assert not exists(cluster, "role", full, ns) and not exists(cluster, "kopfpeering", full, ns)
+    # The CRDs stay (and with them every envelope and claim), as Helm does.
+    assert exists(cluster, "crd", "branchclaims.reservoir.dev")
+    eventually(
+        "edit to drop the worker's rules",
+        lambda: "branchclaims" not in cluster.kubectl("get", "clusterrole", "edit", "-o", "yaml"),
+    )
