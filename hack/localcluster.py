@@ -5,13 +5,23 @@ It runs etcd, kube-apiserver, kube-controller-manager, kube-scheduler and KWOK a
 local processes (binaries built by ``hack/tools/build.sh``), envtest-style, and registers
 N fake GPU nodes that KWOK keeps Ready and whose pods it moves through their lifecycle.
 
-    python3 hack/localcluster.py up   [--dir .cluster] [--nodes 4] [--gpus-per-node 8]
+The GPUs are Dynamic Resource Allocation devices (resource.k8s.io/v1), as a DRA driver
+would publish them: one ResourceSlice per node (driver ``gpu.reservoir.dev``, pool = the
+node, devices ``gpu-0..gpu-{n-1}``), and a DeviceClass ``gpu.reservoir.dev`` whose
+``extendedResourceName`` is ``nvidia.com/gpu``, so ordinary pods asking for
+``nvidia.com/gpu`` are served from the same devices (KEP-5004). The nodes therefore do not
+advertise ``nvidia.com/gpu`` in their allocatable; they keep the NVIDIA-style labels.
+
+    python3 hack/localcluster.py up   [--dir .cluster] [--nodes 4] [--gpus-per-node 8] [--audit]
     python3 hack/localcluster.py down [--dir .cluster]
     python3 hack/localcluster.py status [--dir .cluster]
 
 ``up`` is idempotent: a healthy cluster in ``--dir`` is left alone. Every component logs
 to ``<dir>/logs/<component>.log``; a readiness failure names the component and its log.
 ``down`` stops every process it started (SIGTERM, then SIGKILL) and leaves none behind.
+``--audit`` (or RESERVOIR_AUDIT=1) makes kube-apiserver write an audit log of pod
+bindings, pod and ResourceClaim writes at RequestResponse level to ``<dir>/logs/audit.log``
+(JSON lines); ``up --audit`` restarts a healthy cluster that runs without one.
 
 Standard library only, so it runs before any virtualenv exists.
 """
@@ -41,6 +51,11 @@ BUILD_SCRIPT = REPO / "hack" / "tools" / "build.sh"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 SERVICE_CIDR = "10.96.0.0/16"
 KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+GPU_DRIVER = "gpu.reservoir.dev"  # the DRA driver name the GPU ResourceSlices carry
+GPU_DEVICE_CLASS = "gpu.reservoir.dev"
+PLACEHOLDER_PRIORITY_CLASS = "reservoir-placeholder"
+GPU_EXTENDED_RESOURCE = "nvidia.com/gpu"  # served from the DeviceClass, not node allocatable
+AUDITED_WRITES = ["create", "update", "patch", "delete", "deletecollection"]
 
 
 class ClusterError(RuntimeError):
@@ -60,22 +75,131 @@ class NodeShape:
     pods: str = "110"
 
 
+def gpu_node(name: str, shape: NodeShape, zone: str = "local-0") -> dict[str, object]:
+    """A KWOK node labelled like one with the NVIDIA GPU operator. Its GPUs are not in its
+    allocatable: they are DRA devices (see `gpu_resource_slice`)."""
+    resources = {"cpu": shape.cpu, "memory": shape.memory, "pods": shape.pods}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                "node.kubernetes.io/instance-type": f"gpu-{shape.gpus}x",
+                "topology.kubernetes.io/zone": zone,
+                "nvidia.com/gpu.present": "true",
+                "nvidia.com/gpu.product": shape.gpu_product,
+                "nvidia.com/gpu.count": str(shape.gpus),
+                "nvidia.com/gpu.memory": str(shape.gpu_memory_mib),
+            },
+        },
+        "status": {"capacity": resources, "allocatable": resources},
+    }
+
+
+def gpu_resource_slice(node: str, shape: NodeShape) -> dict[str, object]:
+    """The node's GPUs as a DRA driver publishes them: one slice, a pool named after the node."""
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}.{GPU_DRIVER}"},
+        "spec": {
+            "driver": GPU_DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [
+                {
+                    "name": f"gpu-{index}",
+                    "attributes": {
+                        "productName": {"string": shape.gpu_product},
+                        "index": {"int": index},
+                    },
+                    "capacity": {"memory": {"value": f"{shape.gpu_memory_mib}Mi"}},
+                }
+                for index in range(shape.gpus)
+            ],
+        },
+    }
+
+
+def gpu_device_class() -> dict[str, object]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": GPU_DEVICE_CLASS},
+        "spec": {
+            "selectors": [{"cel": {"expression": f'device.driver == "{GPU_DRIVER}"'}}],
+            "extendedResourceName": GPU_EXTENDED_RESOURCE,
+        },
+    }
+
+
+def placeholder_priority_class() -> dict[str, object]:
+    """The PriorityClass of the operator's placeholder pods (the Helm chart ships the same):
+    they never preempt anything, and ordinary pods (priority 0) cannot preempt them."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PLACEHOLDER_PRIORITY_CLASS},
+        "value": 0,
+        "preemptionPolicy": "Never",
+        "globalDefault": False,
+        "description": "Reservoir placeholder pods: hold devices for admitted GPU claims.",
+    }
+
+
+def audit_policy() -> dict[str, object]:
+    """Pod bindings, pod writes and ResourceClaim writes, with request and response bodies."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived"],
+        "rules": [
+            {
+                "level": "RequestResponse",
+                "resources": [{"group": "", "resources": ["pods/binding"]}],
+            },
+            {
+                "level": "RequestResponse",
+                "verbs": AUDITED_WRITES,
+                "resources": [
+                    {"group": "", "resources": ["pods"]},
+                    {
+                        "group": "resource.k8s.io",
+                        "resources": ["resourceclaims", "resourceclaims/status"],
+                    },
+                ],
+            },
+            {"level": "None"},
+        ],
+    }
+
+
 @dataclass
 class ClusterState:
     """What ``up`` wrote to disk, so ``down`` and ``status`` can find the processes."""
 
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
+    audit: bool = False
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
         if not path.exists():
             return cls()
         data = json.loads(path.read_text())
-        return cls(pids=data.get("pids", {}), ports=data.get("ports", {}))
+        return cls(
+            pids=data.get("pids", {}), ports=data.get("ports", {}), audit=data.get("audit", False)
+        )
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps({"pids": self.pids, "ports": self.ports}, indent=2))
+        data = {"pids": self.pids, "ports": self.ports, "audit": self.audit}
+        path.write_text(json.dumps(data, indent=2))
 
 
 def log(message: str) -> None:
@@ -278,31 +402,43 @@ def http_ok(url: str) -> bool:
 
 
 class LocalCluster:
-    def __init__(self, directory: Path, nodes: NodeShape | None = None) -> None:
+    def __init__(
+        self, directory: Path, nodes: NodeShape | None = None, audit: bool | None = None
+    ) -> None:
+        """audit None: from RESERVOIR_AUDIT (off unless set to 1/true/yes)."""
         self.dir = directory.resolve()
         self.pki = self.dir / "pki"
         self.logs = self.dir / "logs"
         self.kubeconfig = self.dir / "kubeconfig"
         self.state_file = self.dir / "state.json"
+        self.audit_policy = self.dir / "audit-policy.json"
+        self.audit_log = self.logs / "audit.log"
         self.nodes = nodes or NodeShape()
+        if audit is None:
+            audit = os.environ.get("RESERVOIR_AUDIT", "").lower() in ("1", "true", "yes")
+        self.audit = audit
         self.binaries: Path | None = None
 
     # - public verbs -
 
     def up(self) -> None:
         if self.healthy():
-            log(f"already running (kubeconfig: {self.kubeconfig})")
-            return
+            if ClusterState.load(self.state_file).audit or not self.audit:
+                log(f"already running (kubeconfig: {self.kubeconfig})")
+                return
+            log("restarting: the audit log was asked for and is off")
         self.down(quiet=True)
         started = time.monotonic()
         self.binaries = build_binaries()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.logs.mkdir(exist_ok=True)
-        for old in self.logs.glob("*.log"):
+        for old in self.logs.glob("*.log"):  # the audit log too
             old.unlink()
         shutil.rmtree(self.dir / "etcd-data", ignore_errors=True)
         ensure_pki(self.pki)
-        state = ClusterState(ports={name: free_port() for name in COMPONENTS})
+        if self.audit:
+            self.audit_policy.write_text(json.dumps(audit_policy(), indent=2))
+        state = ClusterState(ports={name: free_port() for name in COMPONENTS}, audit=self.audit)
         state.ports["etcd-peer"] = free_port()
         write_kubeconfig(self.kubeconfig, self.pki, state.ports["kube-apiserver"])
         try:
@@ -402,6 +538,7 @@ class LocalCluster:
                 "--authorization-mode=RBAC",
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
+                *self.audit_arguments(),
                 "--v=1",
             ]
         if component == "kube-controller-manager":
@@ -428,6 +565,17 @@ class LocalCluster:
             ]
         raise ValueError(component)
 
+    def audit_arguments(self) -> list[str]:
+        if not self.audit:
+            return []
+        return [
+            f"--audit-policy-file={self.audit_policy}",
+            f"--audit-log-path={self.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-mode=blocking",  # each event is written before the request returns
+            "--audit-log-maxsize=0",  # no rotation: one file for the whole run
+        ]
+
     def wait_ready(self, component: str, port: int, process: subprocess.Popen[bytes]) -> None:
         logfile = self.logs / f"{component}.log"
         checks = {
@@ -440,41 +588,24 @@ class LocalCluster:
         wait_until(component, checks[component], timeout=90, logfile=logfile, process=process)
         log(f"{component} ready (pid {process.pid})")
 
-    def gpu_node(self, index: int) -> dict[str, object]:
-        shape = self.nodes
-        name = f"gpu-node-{index}"
-        resources = {
-            "cpu": shape.cpu,
-            "memory": shape.memory,
-            "pods": shape.pods,
-            "nvidia.com/gpu": str(shape.gpus),
-        }
-        return {
-            "apiVersion": "v1",
-            "kind": "Node",
-            "metadata": {
-                "name": name,
-                "annotations": {KWOK_NODE_ANNOTATION: "fake", "node.alpha.kubernetes.io/ttl": "0"},
-                "labels": {
-                    "kubernetes.io/hostname": name,
-                    "kubernetes.io/os": "linux",
-                    "kubernetes.io/arch": "amd64",
-                    "type": "kwok",
-                    "node.kubernetes.io/instance-type": f"gpu-{shape.gpus}x",
-                    "topology.kubernetes.io/zone": f"local-{index % 2}",
-                    "nvidia.com/gpu.present": "true",
-                    "nvidia.com/gpu.product": shape.gpu_product,
-                    "nvidia.com/gpu.count": str(shape.gpus),
-                    "nvidia.com/gpu.memory": str(shape.gpu_memory_mib),
-                },
-            },
-            "status": {"capacity": resources, "allocatable": resources},
-        }
+    def gpu_node_names(self) -> list[str]:
+        return [f"gpu-node-{index}" for index in range(self.nodes.count)]
 
     def create_gpu_nodes(self) -> None:
-        nodes = {"apiVersion": "v1", "kind": "List", "items": []}
-        nodes["items"] = [self.gpu_node(i) for i in range(self.nodes.count)]
-        self.kubectl("apply", "-f", "-", input=json.dumps(nodes))
+        """The nodes, their GPUs as ResourceSlices and the DeviceClass, in one apply."""
+        names = self.gpu_node_names()
+        items = [
+            *(gpu_node(name, self.nodes, zone=f"local-{i % 2}") for i, name in enumerate(names)),
+            gpu_device_class(),
+            placeholder_priority_class(),
+            *(gpu_resource_slice(name, self.nodes) for name in names),
+        ]
+        self.kubectl(
+            "apply",
+            "-f",
+            "-",
+            input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}),
+        )
 
     def wait_nodes_ready(self) -> None:
         def all_ready() -> bool:
@@ -513,9 +644,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--gpu-product", default=os.environ.get("RESERVOIR_GPU_PRODUCT", NodeShape.gpu_product)
     )
+    parser.add_argument(
+        "--audit",
+        action="store_true",
+        default=None,
+        help="audit log of pod bindings and pod/ResourceClaim writes in <dir>/logs/audit.log "
+        "(default: RESERVOIR_AUDIT)",
+    )
     args = parser.parse_args(argv)
     shape = NodeShape(count=args.nodes, gpus=args.gpus_per_node, gpu_product=args.gpu_product)
-    cluster = LocalCluster(Path(args.dir), shape)
+    cluster = LocalCluster(Path(args.dir), shape, audit=args.audit)
     try:
         if args.verb == "build":
             print(build_binaries())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -10,6 +11,7 @@ import kopf
 from lightkube import AsyncClient
 
 from reservoir.endpoints import Health
+from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.resources import FIELD_MANAGER
 
@@ -28,4 +30,7 @@ class Services:
     @classmethod
     def build(cls) -> Services:
         client = AsyncClient(field_manager=FIELD_MANAGER)
-        return cls(client=client, writer=LedgerWriter(client, post_event), health=Health())
+        priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
+        devices = DeviceHolder(client, priority_class)
+        writer = LedgerWriter(client, post_event, devices=devices)
+        return cls(client=client, writer=writer, health=Health())

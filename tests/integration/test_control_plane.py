@@ -52,13 +52,16 @@ def namespace(cluster: ClusterHandle, request: pytest.FixtureRequest) -> Iterato
     cluster.kubectl("delete", "namespace", name, "--wait=false")
 
 
-def test_every_gpu_node_is_ready_and_advertises_its_gpus(cluster: ClusterHandle) -> None:
+def test_every_gpu_node_is_ready_and_publishes_its_gpus_as_devices(cluster: ClusterHandle) -> None:
     nodes = get_json(cluster, "nodes")["items"]
     assert len(nodes) >= 4
+    slices = {s["spec"]["nodeName"]: s for s in get_json(cluster, "resourceslices")["items"]}
     for node in nodes:
         conditions = {c["type"]: c["status"] for c in node["status"]["conditions"]}
         assert conditions.get("Ready") == "True", node["metadata"]["name"]
-        assert node["status"]["allocatable"]["nvidia.com/gpu"] == "8"
+        # GPUs come from DRA devices only, so nothing can book them twice.
+        assert "nvidia.com/gpu" not in node["status"]["allocatable"]
+        assert len(slices[node["metadata"]["name"]]["spec"]["devices"]) == 8
         assert node["metadata"]["labels"]["nvidia.com/gpu.product"]
 
 
@@ -80,7 +83,9 @@ def test_a_full_node_leaves_the_next_gpu_pod_unschedulable_until_it_frees(
 
     wait_for("the 1-GPU pod to be Unschedulable", unschedulable)
     assert get_json(cluster, "pod", "one", *ns)["status"]["phase"] == "Pending"
-    assert "nvidia.com/gpu" in json.dumps(get_json(cluster, "pod", "one", *ns)["status"])
+    assert "cannot allocate all claims" in json.dumps(
+        get_json(cluster, "pod", "one", *ns)["status"]
+    )
 
     cluster.kubectl("delete", "pod", "eight", *ns, "--wait=false")
     wait_for(

@@ -500,6 +500,8 @@ STATELESS_EXAMPLES = [
     ("BranchClaim", "resource names look like", {"usage": {"tok ens!": "1"}}),
     ("BranchClaim", "may not exceed 1E", {"usage": {"tokens": "2E"}}),
     ("BranchClaim", "a final report needs an outcome", {"final": True}),
+    ("BranchClaim", "whole numbers of devices", {"requests": {"nvidia.com/gpu": "1.5"}}),
+    ("BranchClaim", "whole numbers of devices", {"requests": {"nvidia.com/gpu": "33"}}),
     ("ReservationEnvelope", "resource names look like", {"capacity": {"tok ens!": "1"}}),
     ("ReservationEnvelope", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
 ]

@@ -104,6 +104,7 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--all-namespaces",
         "--peering=rel-reservoir",
         "--metrics-port=8080",
+        "--placeholder-priority-class=reservoir-placeholder",
         "--liveness=http://0.0.0.0:8081/healthz",
     ]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -253,6 +254,9 @@ def test_install_upgrade_uninstall(
         "--wait",
         "--timeout=90s",
         *set_args(MONITORING),
+        # The local cluster has a PriorityClass of the default name already: take another.
+        "--set",
+        f"placeholderPriorityClass.name={name}-placeholder",
     )
     expected = [
         ("deployment", full, namespace),
@@ -266,7 +270,7 @@ def test_install_upgrade_uninstall(
         ("clusterrole", "reservoir-worker", None),
         ("clusterrole", "reservoir-envelope-editor", None),
         ("clusterrole", "reservoir-viewer", None),
-        ("priorityclass", "reservoir-placeholder", None),
+        ("priorityclass", f"{name}-placeholder", None),
         ("clusterkopfpeering", full, None),
         ("validatingadmissionpolicy", f"{full}-branchclaims", None),
         ("validatingadmissionpolicybinding", f"{full}-branchclaims", None),
@@ -278,7 +282,7 @@ def test_install_upgrade_uninstall(
     missing = [e for e in expected if not exists(cluster, *e)]
     assert not missing, f"not created: {missing}"
     placeholder = json.loads(
-        cluster.kubectl("get", "priorityclass", "reservoir-placeholder", "-o", "json")
+        cluster.kubectl("get", "priorityclass", f"{name}-placeholder", "-o", "json")
     )
     assert placeholder["preemptionPolicy"] == "Never" and placeholder["value"] <= 0
     # Two replicas (KWOK runs the pods), spread over two nodes.

@@ -7,6 +7,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from reservoir.core.claimstatus import claim_status, settled_record
+from reservoir.core.devices import DeviceFacts
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
@@ -32,6 +33,7 @@ class Sim:
         self.now = T0
         self.events: list[LedgerEvent] = []
         self.last: Reconciliation | None = None
+        self.devices: dict[str, DeviceFacts] = {}  # claim uid -> its ResourceClaim
 
     # - time -
     def tick(self, seconds: float = 1) -> Sim:
@@ -74,6 +76,26 @@ class Sim:
         )
         return self
 
+    def allocate(
+        self,
+        name: str,
+        node: str = "gpu-node-0",
+        devices: tuple[str, ...] = ("gpu-0",),
+        held: bool = True,
+    ) -> Sim:
+        """The scheduler allocated the claim's ResourceClaim (and bound its placeholder)."""
+        self.devices[name] = DeviceFacts(node=node, devices=devices, held=held)
+        return self
+
+    def unschedulable(self, name: str, why: str) -> Sim:
+        self.devices[name] = DeviceFacts(waiting=why)
+        return self
+
+    def deallocate(self, name: str) -> Sim:
+        """The claim's ResourceClaim is gone (its allocation with it)."""
+        self.devices.pop(name, None)
+        return self
+
     def delete(self, name: str) -> Sim:
         self.claims[name] = replace(self.claims[name], deleting=True)
         return self
@@ -111,7 +133,9 @@ class Sim:
 
     # - the operator -
     def reconcile(self) -> Sim:
-        self.last = reconcile(self.envelope, self.status, list(self.claims.values()), self.now)
+        self.last = reconcile(
+            self.envelope, self.status, list(self.claims.values()), self.now, self.devices
+        )
         self.status = self.last.status
         self.events += self.last.events
         return self

@@ -37,6 +37,7 @@ def test_help_lists_every_flag_with_its_default() -> None:
         "--peering": "None",
         "--priority": "None",
         "--verbose": "False",
+        "--placeholder-priority-class": "reservoir-placeholder",
         "--all-namespaces": "False",
     }.items():
         assert flag in text

@@ -72,10 +72,15 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["list", "watch"]
-# Workload pods labelled reservoir.dev/claim (PodScheduled/PodRunning commit points).
+# Workload pods labelled reservoir.dev/claim (PodScheduled/PodRunning commit points), and
+# the placeholder pods it creates and deletes to hold GPU claims' devices.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch"]
+  verbs: ["list", "watch", "create", "delete"]
+# A ResourceClaim per GPU claim: the scheduler allocates its devices (DRA).
+- apiGroups: ["resource.k8s.io"]
+  resources: ["resourceclaims"]
+  verbs: ["list", "watch", "create", "delete"]
 # An Event for every transition (kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]

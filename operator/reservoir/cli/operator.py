@@ -60,6 +60,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="this replica's peering priority; with --peering and no priority, a random one, "
         "so that the replicas of a Deployment never tie (kopf pauses tied peers)",
     )
+    parser.add_argument(
+        "--placeholder-priority-class",
+        metavar="NAME",
+        default="reservoir-placeholder",
+        help="PriorityClass of the placeholder pods that hold GPU claims' devices (the chart "
+        "and the local cluster create it: preemptionPolicy Never); '' for none",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return parser.parse_args(argv)
 
@@ -101,6 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"reservoir-operator: {problem}", file=sys.stderr)
         return 2
     os.environ["RESERVOIR_METRICS_PORT"] = str(args.metrics_port)
+    os.environ["RESERVOIR_PLACEHOLDER_PRIORITY_CLASS"] = args.placeholder_priority_class
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
     namespaces = args.namespace  # none given (or -A): the whole cluster

@@ -15,6 +15,7 @@ from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.model import (
     BranchClaimStatus,
     ClaimPhase,
+    DeviceHold,
     LeaseStatus,
     LedgerEntry,
     PlacementStatus,
@@ -59,7 +60,7 @@ def claim_status(
         released=entry.released,
         usage=entry.usage,
         lease=_lease(entry),
-        placement=placement,
+        placement=placement or _placement(entry.devices),
         settlement=entry.settlement,
         late=entry.late if entry.settlement else None,
         overrun=entry.overrun,
@@ -68,6 +69,12 @@ def claim_status(
         ),
         observed_generation=generation,
     )
+
+
+def _placement(held: DeviceHold | None) -> PlacementStatus | None:
+    if held is None:
+        return None
+    return PlacementStatus(node=held.node, devices=held.devices, devices_released=held.released)
 
 
 def _lease(entry: LedgerEntry) -> LeaseStatus | None:
@@ -121,6 +128,19 @@ def _conditions(entry: LedgerEntry, deleting: bool) -> list[Desired]:
         wanted.append(Desired("DispatchRefused", True, "ClaimAlreadySettled"))
     if entry.pod_started_late:
         wanted.append(Desired("PodStartedAfterSettlement", True, "LateFact"))
+    if entry.devices is not None and settlement is not None:
+        free = entry.devices.released
+        wanted.append(
+            Desired(
+                "DevicesReleased",
+                free,
+                "AllocationRemoved" if free else "AwaitingDeallocation",
+                ""
+                if free
+                else "settled; its devices count as free once their allocation is "
+                "gone (once no pod uses them)",
+            )
+        )
     if deleting and settlement is None:
         wanted.append(
             Desired(
@@ -148,6 +168,7 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.dispatch_fenced,
         entry.pod_started_late,
         entry.committed_at is not None,
+        entry.devices,
     )
 
 
@@ -180,5 +201,14 @@ def settled_record(
         pod_started_late="PodStartedAfterSettlement" in true,
         overrun=status.overrun,
         late=status.late,
+        devices=_device_hold(status.placement),
         settlement=status.settlement,
+    )
+
+
+def _device_hold(placement: PlacementStatus | None) -> DeviceHold | None:
+    if placement is None or placement.node is None or not placement.devices:
+        return None
+    return DeviceHold(
+        node=placement.node, devices=placement.devices, released=placement.devices_released
     )

@@ -31,6 +31,7 @@ ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
 # Scalars an admitted entry can still gain: commit, start and detach times, a heartbeat,
 # a deadline action, the settlement record, late-report and overrun bookkeeping.
 GROWING_SCALARS_BYTES = 1024
+DEVICES_RELEASED_BYTES = len(',"released":true')  # recorded once the devices are free
 CONDITION_BYTES = 1400  # a condition at its bounds (type, reason, message, time)
 COUNTS_BYTES = 512  # claims per phase
 
@@ -54,6 +55,8 @@ def entry_bytes(entry: LedgerEntry) -> int:
 def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
     """The most this entry can ever take: its size now plus all it can still gain."""
     size = entry_bytes(entry)
+    if entry.devices is not None and not entry.devices.released:
+        size += DEVICES_RELEASED_BYTES
     if entry.settlement is not None:
         return size + map_bytes(dimensions)  # a late report replaces the baseline's usage
     reserved = map_bytes(entry.reserved)

@@ -46,6 +46,11 @@ MAX_NAME_LENGTH = 253
 MAX_CONDITIONS = 16
 MAX_SECONDS = 366 * 24 * 3600
 SUMMARY_LENGTH = 1024  # one printer-column rendering of the totals
+# Resources held on real devices through Dynamic Resource Allocation (DESIGN.md §7), and
+# the DeviceClass their devices come from. A claim's request for one is a device count.
+DEVICE_CLASSES = {"nvidia.com/gpu": "gpu.reservoir.dev"}
+MAX_DEVICES_PER_CLAIM = 32  # DRA allocates node-local devices: no node has more
+MAX_DEVICE_NAME_LENGTH = 63
 
 Quantity = Annotated[
     Decimal,
@@ -63,6 +68,16 @@ RESOURCE_NAME_RULE: JsonDict = {
     "(an optional DNS prefix and a name of at most 63 characters)",
 }
 
+
+DEVICE_COUNT_RULE: JsonDict = {
+    "rule": " && ".join(
+        f"(!('{name}' in self) || (quantity(self['{name}']).isInteger() && "
+        f"quantity(self['{name}']).compareTo(quantity('{MAX_DEVICES_PER_CLAIM}')) <= 0))"
+        for name in DEVICE_CLASSES
+    ),
+    "message": f"device resources ({', '.join(DEVICE_CLASSES)}) are whole numbers of devices, "
+    f"at most {MAX_DEVICES_PER_CLAIM} per claim (devices are held on one node)",
+}
 
 QUANTITY_BOUND_RULE: JsonDict = {
     "rule": "self.all(k, quantity(self[k]).compareTo(quantity('1E')) <= 0)",
@@ -359,6 +374,22 @@ class Overrun(Model):
     at: datetime = Field(description="When the operator first saw it.")
 
 
+class DeviceHold(Model):
+    """Devices the scheduler allocated to a claim (through its ResourceClaim), recorded
+    when the claim was admitted on them."""
+
+    node: str = Field(max_length=MAX_NAME_LENGTH, description="The node the devices are on.")
+    devices: list[Annotated[str, Field(max_length=MAX_DEVICE_NAME_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_DEVICES_PER_CLAIM,
+        description="The allocated devices.",
+    )
+    released: bool = Field(
+        default=False,
+        description="The allocation is gone (the devices are free): recorded after settlement.",
+    )
+
+
 class LedgerEntry(Model):
     """One claim's line in its envelope's ledger: the authoritative record of what the claim
     holds and how it settled. Claim status mirrors it."""
@@ -403,6 +434,9 @@ class LedgerEntry(Model):
     )
     overrun: Overrun | None = Field(default=None, description="A report above the reservation.")
     late: LateReport | None = Field(default=None, description="Reports after settlement.")
+    devices: DeviceHold | None = Field(
+        default=None, description="The devices held for a claim with a device resource."
+    )
     settlement: Settlement | None = Field(default=None, description="Set once, when settled.")
 
 
@@ -620,8 +654,11 @@ class BranchClaimSpec(Model):
         ),
     )
     requests: ResourceMap = resource_map(
-        "What to reserve, per resource of the envelope: {tokens: 20k}. Immutable.",
+        "What to reserve, per resource of the envelope: {tokens: 20k}. Immutable. A device "
+        f"resource ({', '.join(DEVICE_CLASSES)}) is a whole number of devices, at most "
+        f"{MAX_DEVICES_PER_CLAIM}, held on one node.",
         {"rule": "self == oldSelf", "message": "requests are immutable after creation"},
+        *(DEVICE_COUNT_RULE,),
         required=True,
     )
     priority: int = Field(
@@ -700,6 +737,21 @@ class PlacementStatus(Model):
     )
     placeholder_pod: str | None = Field(
         default=None, max_length=MAX_NAME_LENGTH, description="The placeholder pod."
+    )
+    resource_claim: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        description="The ResourceClaim whose allocation holds the devices.",
+    )
+    devices: list[Annotated[str, Field(max_length=MAX_DEVICE_NAME_LENGTH)]] = Field(
+        default_factory=list,
+        max_length=MAX_DEVICES_PER_CLAIM,
+        description="The devices allocated to the claim.",
+    )
+    devices_released: bool = Field(
+        default=False,
+        description="After settlement: the allocation is gone, the devices are free again. "
+        "Until then they count as settled but still occupied.",
     )
 
 

@@ -26,6 +26,7 @@ from decimal import Decimal
 
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
+from reservoir.core.devices import DeviceFacts, device_counts, device_problem
 from reservoir.core.ledger import add, compute_totals, render, subtract
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
@@ -42,6 +43,7 @@ from reservoir.core.model import (
     SUMMARY_LENGTH,
     BranchClaimSpec,
     ClaimPhase,
+    DeviceHold,
     EnvelopePhase,
     EnvelopeState,
     EnvelopeSummary,
@@ -93,6 +95,10 @@ class Reconciliation:
     # settled claims whose record lives in their own status, not the ledger: uid -> record
     off_ledger: dict[str, LedgerEntry] = field(default_factory=dict)
     expired_claims: list[str] = field(default_factory=list)  # names past the settled TTL
+    # uid -> device counts: claims whose devices must be held (a ResourceClaim and a
+    # placeholder pod). Any other claim's ResourceClaim is to be let go.
+    device_holds: dict[str, dict[str, int]] = field(default_factory=dict)
+    devices_seen: Mapping[str, DeviceFacts] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
 
     def entry(self, uid: str) -> LedgerEntry | None:
@@ -104,9 +110,13 @@ def reconcile(
     status: ReservationEnvelopeStatus,
     claims: Sequence[ClaimFacts],
     now: datetime,
+    devices: Mapping[str, DeviceFacts] | None = None,
 ) -> Reconciliation:
+    """`devices`: claim uid -> what its ResourceClaim shows, for every ResourceClaim of the
+    envelope's claims that exists (listed after the claims)."""
     dimensions = frozenset(envelope.spec.capacity)
     result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
+    result.devices_seen = devices or {}
     ledger = result.status
     policy = envelope.spec.policy
     renewals_open = envelope.accepting(now)
@@ -125,6 +135,7 @@ def reconcile(
         result.events += advance(entry, facts, policy, now, renewals_open, dimensions)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
+        _keep_or_release_devices(result, uid, entry)
 
     # 2. Settled claims whose record moved to their own status: only late facts remain.
     for facts in facts_by_uid.values():
@@ -151,6 +162,9 @@ def reconcile(
     # 4. Compact: a settled entry leaves the ledger once its claim's status carries the
     #    same record, or once the claim is gone.
     for uid in [u for u, e in ledger.entries.items() if e.phase.terminal]:
+        held = ledger.entries[uid].devices
+        if held is not None and not held.released:
+            continue  # settled, but its devices are not free yet: it stays in view
         facts = facts_by_uid.get(uid)
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
@@ -163,6 +177,29 @@ def reconcile(
         default=None,
     )
     return result
+
+
+def _keep_or_release_devices(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
+    """A holding claim keeps its devices held; a settled one lets them go, and records
+    that they are free once its ResourceClaim's allocation is gone (the scheduler's
+    confirmation, not the ledger's say-so)."""
+    held = entry.devices
+    if held is None:
+        return
+    seen = result.devices_seen.get(uid)
+    if entry.phase.holds_capacity:
+        result.device_holds[uid] = device_counts(entry.reserved)
+        return
+    if not held.released and (seen is None or not seen.allocated):
+        held.released = True
+        result.events.append(
+            LedgerEvent(
+                uid,
+                entry.claim,
+                "DevicesReleased",
+                f"devices {', '.join(held.devices)} on {held.node} are free again",
+            )
+        )
 
 
 def _carries(facts: ClaimFacts, entry: LedgerEntry) -> bool:
@@ -297,7 +334,9 @@ def _admit_one(
         reason = "DeletedWhilePending" if facts.deleting else "CancelledWhilePending"
         _close_unadmitted(result, facts, ClaimPhase.RELEASED, reason, "pruned before it reserved")
         return blocked_by
-    problem = request_problem(spec.requests, envelope.spec.capacity)
+    problem = request_problem(spec.requests, envelope.spec.capacity) or device_problem(
+        spec.requests
+    )
     if problem is not None:
         _close_unadmitted(result, facts, ClaimPhase.REJECTED, problem.reason, problem.message)
         return blocked_by
@@ -344,6 +383,20 @@ def _admit_one(
     entry.first_reserved_at = now
     entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
     entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
+    wanted = device_counts(spec.requests)
+    placed = result.devices_seen.get(facts.uid)
+    if decision.admitted and wanted and (placed is None or not placed.held):
+        # Its logical room is kept while the scheduler looks for devices: the claim is
+        # admitted on the recorded allocation, never reported as held before it.
+        available.update(subtract(available, spec.requests))
+        result.device_holds[facts.uid] = wanted
+        why = placed.waiting if placed is not None and placed.waiting else None
+        result.pending[facts.uid] = Admission(
+            False, "AwaitingDevices", why or "devices requested from the scheduler"
+        )
+        return blocked_by
+    if wanted and placed is not None and placed.node is not None:
+        entry.devices = DeviceHold(node=placed.node, devices=list(placed.devices))
     size = projected_bytes(entry, result.dimensions)
     if decision.admitted and size > result.room_bytes:
         decision = Admission(
@@ -364,8 +417,14 @@ def _admit_one(
     available.update(subtract(available, spec.requests))
     result.room_bytes -= size
     entries[facts.uid] = entry
+    where = ""
+    if entry.devices is not None:
+        where = f" with devices {', '.join(entry.devices.devices)} on {entry.devices.node}"
+        result.device_holds[facts.uid] = wanted
     result.events.append(
-        LedgerEvent(facts.uid, facts.name, "Reserved", "capacity reserved", False, entry.phase)
+        LedgerEvent(
+            facts.uid, facts.name, "Reserved", f"capacity reserved{where}", False, entry.phase
+        )
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
     result.events += advance(entry, facts, policy, now, envelope.accepting(now), result.dimensions)

@@ -31,11 +31,12 @@ from reservoir.core.claimstatus import claim_status
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
-from reservoir.core.model import MAX_CONDITIONS, Condition
+from reservoir.core.model import DEVICE_CLASSES, MAX_CONDITIONS, Condition
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
+from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
     ENVELOPE_LABEL,
@@ -99,10 +100,12 @@ class LedgerWriter:
         client: AsyncClient,
         record: Recorder,
         clock: Callable[[], datetime] = utcnow,
+        devices: DeviceHolder | None = None,
     ) -> None:
         self.client = client
         self.record = record
         self.clock = clock
+        self.devices = devices or DeviceHolder(client, None)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
@@ -162,6 +165,11 @@ class LedgerWriter:
             body = lease.to_dict()
             leases[body["metadata"]["name"]] = body
         pods = await self._workload_pods(namespace, claims)
+        # Listed after the claims: a ResourceClaim missing here is gone (deallocated).
+        resource_claims: dict[str, dict[str, Any]] = {}
+        placeholders: dict[str, dict[str, Any]] = {}
+        if DEVICE_CLASSES.keys() & envelope_facts.spec.capacity.keys():
+            resource_claims, placeholders = await self.devices.observe(namespace, name)
         claim_facts: list[ClaimFacts] = []
         invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]] = []
         for claim in claims:
@@ -176,7 +184,13 @@ class LedgerWriter:
 
         now = self.clock()
         try:
-            result = reconcile(envelope_facts, status, claim_facts, now)
+            result = reconcile(
+                envelope_facts,
+                status,
+                claim_facts,
+                now,
+                self.devices.facts(resource_claims, placeholders),
+            )
         except InvariantViolationError as error:
             await self._refused(envelope, "InvariantViolation", str(error))
         except Exception as error:  # a bug in the core: report it, never loop on it blindly
@@ -239,6 +253,8 @@ class LedgerWriter:
         mirrored = await self._mirror(namespace, claims, result, now, problems)
         durable = held_back & mirrored
         self._announce(namespace, klass, by_uid, [e for e in result.events if e.uid in durable])
+        if resource_claims or placeholders or result.device_holds:
+            await self.devices.sync(by_uid, result.device_holds, resource_claims, placeholders)
         await self._delete_expired(namespace, result.expired_claims)
         return result
 

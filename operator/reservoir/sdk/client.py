@@ -279,9 +279,11 @@ class AsyncReservoir:
         lease_seconds: int | None = None,
         dispatch: bool = False,
         upstream: Mapping[str, Any] | None = None,
+        placement: Mapping[str, Any] | None = None,
     ) -> ClaimView:
         """Create a claim on `envelope`, held by this SDK's holder (dispatch=True: the branch
-        is sent as soon as it is reserved, reserving and committing in one step)."""
+        is sent as soon as it is reserved, reserving and committing in one step).
+        `placement`: hints for device resources ({"nodeSelector": ..., "tolerations": ...})."""
         spec = BranchClaimSpec(
             envelope=envelope,
             branch=branch,
@@ -292,6 +294,7 @@ class AsyncReservoir:
             dispatch=dispatch,
             lease={"duration_seconds": lease_seconds, "holder": self.holder},
             upstream=upstream or {},
+            placement=placement,
         )
         metadata = ObjectMeta(
             name=name,

@@ -1,0 +1,259 @@
+"""Device holds through Dynamic Resource Allocation (DESIGN.md §7): for each claim the
+ledger wants held, a ResourceClaim for exactly its devices and a placeholder pod that
+references it, so the real kube-scheduler allocates the devices and binds the pod; for
+every other claim, both go. Pure spec builders, a reader of the allocation, and the
+create/delete calls. Ledger arithmetic lives in reservoir.core; this knows none of it.
+
+Names are derived from the claim's UID (a claim name may be 253 characters long):
+ResourceClaim `reservoir-<uid>`, placeholder pod `reservoir-hold-<uid>`. Both are owned
+by the BranchClaim, so they also go when it does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from lightkube.generic_resource import create_namespaced_resource
+from lightkube.resources.core_v1 import Pod
+
+from reservoir.core.devices import DeviceFacts
+from reservoir.core.model import API_GROUP, API_VERSION, DEVICE_CLASSES
+from reservoir.k8s import facts as read
+from reservoir.k8s.resources import ENVELOPE_LABEL
+
+log = logging.getLogger(__name__)
+
+ResourceClaim = create_namespaced_resource(
+    "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
+)
+CLAIM_UID_LABEL = f"{API_GROUP}/claim-uid"
+PLACEHOLDER_LABEL = f"{API_GROUP}/placeholder-for"  # never the workload label: not a workload
+PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+REQUEST_PREFIX = "dev"  # device request names in the ResourceClaim: dev-0, dev-1, ...
+
+
+def resource_claim_name(uid: str) -> str:
+    return f"reservoir-{uid}"
+
+
+def placeholder_name(uid: str) -> str:
+    return f"reservoir-hold-{uid}"
+
+
+def _meta(claim: Mapping[str, Any], name: str) -> dict[str, Any]:
+    meta = claim["metadata"]
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": {
+            ENVELOPE_LABEL: claim["spec"]["envelope"],
+            CLAIM_UID_LABEL: meta["uid"],
+        },
+        "ownerReferences": [
+            {
+                "apiVersion": f"{API_GROUP}/{API_VERSION}",
+                "kind": "BranchClaim",
+                "name": meta["name"],
+                "uid": meta["uid"],
+                "controller": True,
+                "blockOwnerDeletion": False,
+            }
+        ],
+    }
+
+
+def resource_claim_spec(claim: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
+    """A ResourceClaim for exactly the claim's devices: one request per device resource."""
+    requests = [
+        {
+            "name": f"{REQUEST_PREFIX}-{i}",
+            "exactly": {
+                "deviceClassName": DEVICE_CLASSES[resource],
+                "allocationMode": "ExactCount",
+                "count": count,
+            },
+        }
+        for i, (resource, count) in enumerate(sorted(counts.items()))
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": _meta(claim, resource_claim_name(claim["metadata"]["uid"])),
+        "spec": {"devices": {"requests": requests}},
+    }
+
+
+def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> dict[str, Any]:
+    """A pod that does nothing but hold the ResourceClaim's devices on their node: pause
+    image, a token CPU request, the claim's placement hints, never owned by a Job."""
+    uid = claim["metadata"]["uid"]
+    hints = claim["spec"].get("placement") or {}
+    meta = _meta(claim, placeholder_name(uid))
+    meta["labels"][PLACEHOLDER_LABEL] = claim["metadata"]["name"][:63].rstrip("-_.") or "claim"
+    spec: dict[str, Any] = {
+        "restartPolicy": "Always",
+        "terminationGracePeriodSeconds": 0,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "resourceClaims": [{"name": "devices", "resourceClaimName": resource_claim_name(uid)}],
+        "containers": [
+            {
+                "name": "hold",
+                "image": PAUSE_IMAGE,
+                "resources": {
+                    "requests": {"cpu": "1m", "memory": "4Mi"},
+                    "limits": {"memory": "16Mi"},
+                    "claims": [{"name": "devices"}],
+                },
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "readOnlyRootFilesystem": True,
+                    "runAsNonRoot": True,
+                    "runAsUser": 65535,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+    }
+    if priority_class:
+        spec["priorityClassName"] = priority_class
+    if hints.get("nodeSelector"):
+        spec["nodeSelector"] = dict(hints["nodeSelector"])
+    if hints.get("tolerations"):
+        spec["tolerations"] = list(hints["tolerations"])
+    if hints.get("affinity"):
+        spec["affinity"] = dict(hints["affinity"])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def device_facts(
+    resource_claim: Mapping[str, Any], placeholder: Mapping[str, Any] | None
+) -> DeviceFacts:
+    """What a ResourceClaim (and its placeholder pod) show: where its devices are, whether a
+    pod holds them, and the scheduler's reason when none is placed yet."""
+    status = resource_claim.get("status") or {}
+    allocation = status.get("allocation") or {}
+    results = (allocation.get("devices") or {}).get("results") or []
+    node = _allocated_node(allocation, results)
+    held = node is not None and bool(status.get("reservedFor"))
+    waiting = None
+    if placeholder is not None and not held:
+        for condition in (placeholder.get("status") or {}).get("conditions") or []:
+            if condition.get("type") == "PodScheduled" and condition.get("status") == "False":
+                waiting = str(condition.get("message") or condition.get("reason") or "")[:512]
+    return DeviceFacts(
+        node=node,
+        devices=tuple(str(r.get("device", "")) for r in results) if node else (),
+        held=held,
+        waiting=waiting or None,
+    )
+
+
+def _allocated_node(allocation: Mapping[str, Any], results: list[Any]) -> str | None:
+    """The node a node-local allocation is on (its node selector's metadata.name)."""
+    if not results:
+        return None
+    for term in (allocation.get("nodeSelector") or {}).get("nodeSelectorTerms") or []:
+        for field in term.get("matchFields") or []:
+            if field.get("key") == "metadata.name" and field.get("values"):
+                return str(field["values"][0])
+    return str(results[0].get("pool", "")) or None  # our pools are named after their node
+
+
+class DeviceHolder:
+    """Creates and deletes the ResourceClaims and placeholder pods the ledger asks for."""
+
+    def __init__(self, client: AsyncClient, priority_class: str | None) -> None:
+        self.client = client
+        self.priority_class = priority_class
+        # claim uid -> why its ResourceClaim or placeholder could not be created: shown as
+        # the claim's queue reason, since no scheduler condition will ever explain it
+        self.problems: dict[str, str] = {}
+
+    def facts(
+        self,
+        resource_claims: Mapping[str, Mapping[str, Any]],
+        placeholders: Mapping[str, Mapping[str, Any]],
+    ) -> dict[str, DeviceFacts]:
+        seen = {uid: device_facts(rc, placeholders.get(uid)) for uid, rc in resource_claims.items()}
+        for uid, problem in self.problems.items():
+            current = seen.get(uid, DeviceFacts())
+            if not current.held and current.waiting is None:
+                seen[uid] = DeviceFacts(node=current.node, devices=current.devices, waiting=problem)
+        return seen
+
+    async def observe(
+        self, namespace: str, envelope: str
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The envelope's ResourceClaims and placeholder pods, by claim UID."""
+        selector: dict[str, Any] = {ENVELOPE_LABEL: envelope, CLAIM_UID_LABEL: None}
+        claims: dict[str, dict[str, Any]] = {}
+        async for rc in self.client.list(ResourceClaim, namespace=namespace, labels=selector):
+            body = read.as_dict(rc)
+            claims[body["metadata"]["labels"][CLAIM_UID_LABEL]] = body
+        pods: dict[str, dict[str, Any]] = {}
+        async for pod in self.client.list(
+            Pod, namespace=namespace, labels={**selector, PLACEHOLDER_LABEL: None}
+        ):
+            body = pod.to_dict()
+            pods[body["metadata"]["labels"][CLAIM_UID_LABEL]] = body
+        return claims, pods
+
+    async def sync(
+        self,
+        claims: Mapping[str, Mapping[str, Any]],
+        holds: Mapping[str, Mapping[str, int]],
+        resource_claims: Mapping[str, Mapping[str, Any]],
+        placeholders: Mapping[str, Mapping[str, Any]],
+    ) -> None:
+        """Hold what the ledger wants held (`holds`: claim uid -> device counts), let go of
+        the rest. Called only after the ledger that asks for it is durable."""
+        for uid, counts in holds.items():
+            claim = claims.get(uid)
+            if claim is None or claim["metadata"].get("deletionTimestamp"):
+                continue  # going: its owner references take both objects with it
+            problems = []
+            if uid not in resource_claims:
+                problems.append(
+                    await self._create(ResourceClaim, resource_claim_spec(claim, counts))
+                )
+            if uid not in placeholders:
+                problems.append(
+                    await self._create(Pod, placeholder_spec(claim, self.priority_class))
+                )
+            problem = "; ".join(p for p in problems if p)
+            if problem:
+                self.problems[uid] = problem
+            else:
+                self.problems.pop(uid, None)
+        self.problems = {uid: p for uid, p in self.problems.items() if uid in holds}
+        for uid, pod in placeholders.items():
+            if uid not in holds:
+                await self._delete(Pod, pod)
+        for uid, rc in resource_claims.items():
+            if uid not in holds and not rc["metadata"].get("deletionTimestamp"):
+                # The API server keeps an allocated claim until no pod uses it; its
+                # disappearance is the scheduler-level confirmation that it is free.
+                await self._delete(ResourceClaim, rc)
+
+    async def _create(self, kind: Any, body: dict[str, Any]) -> str | None:
+        """Create; None when it exists now, else the API server's refusal."""
+        try:
+            obj = kind.from_dict(body)
+            await self.client.create(obj, namespace=body["metadata"]["namespace"])  # type: ignore[call-overload]
+        except ApiError as error:
+            if error.status.code != 409:  # already there: fine
+                log.warning("creating %s failed: %s", body["metadata"]["name"], error)
+                return f"cannot create {body['kind']}: {error.status.message}"[:512]
+        return None
+
+    async def _delete(self, kind: Any, body: Mapping[str, Any]) -> None:
+        meta = body["metadata"]
+        try:
+            await self.client.delete(kind, meta["name"], namespace=meta["namespace"])
+        except ApiError as error:
+            if error.status.code != 404:
+                log.warning("deleting %s failed: %s", meta["name"], error)

@@ -1,0 +1,128 @@
+"""GPU claims hold real devices (DESIGN.md §7), on the real control plane: the operator
+creates a ResourceClaim and a placeholder pod per admitted GPU claim, the real
+kube-scheduler allocates the devices, and ordinary pods asking for `nvidia.com/gpu` (served
+by the same devices through the DeviceClass's extended resource) cannot take them."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from reservoir.sdk import ClaimView, Reservoir
+from tests.clusters import ClusterHandle
+from tests.integration.conftest import OperatorProcess
+from tests.integration.helpers import create_envelope, eventually, wait_phase
+
+GPU = "nvidia.com/gpu"
+NODES = 4
+PER_NODE = 8
+
+
+def ordinary_gpu_pod(cluster: ClusterHandle, ns: str, name: str, gpus: int = 1) -> None:
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "containers": [
+                {
+                    "name": "work",
+                    "image": "registry.k8s.io/pause:3.10",
+                    "resources": {"limits": {GPU: str(gpus)}},
+                }
+            ]
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
+
+
+def pod(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    return dict(json.loads(cluster.kubectl("get", "pod", name, "-n", ns, "-o", "json")))
+
+
+def unschedulable(cluster: ClusterHandle, ns: str, name: str) -> str | None:
+    for condition in pod(cluster, ns, name).get("status", {}).get("conditions", []):
+        if condition["type"] == "PodScheduled" and condition["status"] == "False":
+            return str(condition.get("message", ""))
+    return None
+
+
+def held(sdk: Reservoir, claim: ClaimView | str) -> ClaimView:
+    view = wait_phase(sdk, claim, "Tentative")
+    assert view.status.placement is not None and view.status.placement.node
+    return view
+
+
+def test_held_devices_are_really_held_and_come_back_once_the_allocation_is_gone(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "gpus", {GPU: str(NODES * PER_NODE)}, defaultLeaseSeconds=300)
+    claims = [sdk.hold("gpus", f"b{i}", {GPU: str(PER_NODE)}, name=f"b{i}") for i in range(NODES)]
+    views = [held(sdk, c) for c in claims]
+    nodes = {v.status.placement.node for v in views if v.status.placement}
+    assert len(nodes) == NODES  # eight devices each: one whole node per claim
+    for view in views:
+        assert view.status.placement is not None
+        assert len(view.status.placement.devices) == PER_NODE
+    assert sdk.ledger("gpus").status.totals.reserved[GPU] == NODES * PER_NODE
+
+    # Every device is held: an ordinary pod asking for one GPU cannot schedule.
+    ordinary_gpu_pod(cluster, ns, "intruder")
+    message = eventually(
+        "the intruder to be unschedulable", lambda: unschedulable(cluster, ns, "intruder")
+    )
+    assert "nodes are available" in message
+
+    # Pruning one branch returns its budget at once and its devices once the allocation is
+    # gone: then, and only then, the ordinary pod gets a GPU.
+    sdk.cancel(sdk.get("b0"))
+    released = wait_phase(sdk, "b0", "Released")
+    freed_node = views[0].status.placement.node if views[0].status.placement else None
+    eventually(
+        "b0's devices confirmed free",
+        lambda: (p := sdk.get("b0").status.placement) is not None and p.devices_released,
+    )
+    assert released.status.placement is not None
+    bound = eventually(
+        "the intruder to be scheduled",
+        lambda: pod(cluster, ns, "intruder").get("spec", {}).get("nodeName"),
+    )
+    assert bound == freed_node
+
+
+def test_a_claim_that_fits_no_node_waits_with_the_schedulers_reason_until_devices_free(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "gpus", {GPU: str(NODES * PER_NODE)}, defaultLeaseSeconds=300)
+    blockers = [sdk.hold("gpus", f"x{i}", {GPU: "6"}, name=f"x{i}") for i in range(NODES)]
+    for claim in blockers:
+        held(sdk, claim)
+    waiting = sdk.hold("gpus", "late", {GPU: "4"}, name="late")  # 2 free per node: no fit
+
+    def reason() -> str | None:
+        view = sdk.get(waiting)
+        text = view.status.queue_reason or ""
+        return text if "AwaitingDevices" in text and "nodes are available" in text else None
+
+    text = eventually("the scheduler's reason on the waiting claim", reason)
+    assert sdk.get(waiting).phase.value == "Pending"
+    assert sdk.ledger("gpus").status.totals.reserved[GPU] == 24, text  # never reported as held
+
+    sdk.cancel(sdk.get("x2"))
+    view = held(sdk, waiting)
+    assert view.status.placement is not None and len(view.status.placement.devices) == 4
+
+
+def test_node_selector_hints_are_respected(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "gpus", {GPU: "8"}, defaultLeaseSeconds=300)
+    claim = sdk.hold(
+        "gpus",
+        "pinned",
+        {GPU: "2"},
+        name="pinned",
+        placement={"nodeSelector": {"kubernetes.io/hostname": "gpu-node-2"}},
+    )
+    view = held(sdk, claim)
+    assert view.status.placement is not None and view.status.placement.node == "gpu-node-2"

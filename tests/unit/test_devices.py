@@ -1,0 +1,97 @@
+"""Device resources (DESIGN.md §7), in the pure core: a GPU claim is held only on a recorded
+allocation, waits with the scheduler's reason until then, and after settlement its devices
+count as free only once the allocation is gone. Attacked with skipped intermediate states."""
+
+from __future__ import annotations
+
+from reservoir.core.model import ClaimPhase
+from tests.unit.sim import Sim
+
+GPU = "nvidia.com/gpu"
+
+
+def gpu_sim() -> Sim:
+    return Sim({"tokens": "100", GPU: "8"})
+
+
+def test_a_gpu_claim_waits_for_its_allocation_with_the_schedulers_reason() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).reconcile()
+    assert sim.phase("a") is ClaimPhase.PENDING
+    assert sim.last is not None and sim.last.device_holds == {"a": {GPU: 2}}
+    assert sim.last.pending["a"].reason == "AwaitingDevices"
+    assert sim.total("reserved", GPU) == "0"  # never reported as held before the allocation
+
+    sim.unschedulable("a", "0/4 nodes are available: 4 cannot allocate all claims").reconcile()
+    assert sim.last is not None and "cannot allocate" in sim.last.pending["a"].message
+
+    sim.allocate("a", held=False).reconcile()  # allocated, but no pod of ours holds it yet
+    assert sim.phase("a") is ClaimPhase.PENDING
+
+    sim.allocate("a", "gpu-node-2", ("gpu-3", "gpu-4")).reconcile()
+    entry = sim.entry("a")
+    assert entry.phase is ClaimPhase.TENTATIVE
+    assert entry.devices is not None and entry.devices.node == "gpu-node-2"
+    assert entry.devices.devices == ["gpu-3", "gpu-4"]
+    assert sim.total("reserved", GPU) == "2"
+    assert sim.last is not None and sim.last.device_holds == {"a": {GPU: 2}}
+
+
+def test_a_claim_waiting_for_devices_keeps_its_logical_room() -> None:
+    sim = gpu_sim().create("a", {GPU: "6"}).tick().create("b", {GPU: "4"}).reconcile()
+    assert sim.last is not None
+    assert sim.last.pending["a"].reason == "AwaitingDevices"
+    assert sim.last.pending["b"].reason == "InsufficientCapacity"
+    assert set(sim.last.device_holds) == {"a"}  # b asks the scheduler for nothing yet
+
+
+def test_settled_devices_are_free_only_once_the_allocation_is_gone() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.cancel("a").reconcile()
+    entry = sim.entry("a")
+    assert entry.phase is ClaimPhase.RELEASED
+    assert sim.total("available", GPU) == "8"  # the budget is back at once ...
+    assert entry.devices is not None and not entry.devices.released  # ... the devices not yet
+    assert sim.last is not None and "a" not in sim.last.device_holds  # let them go
+    sim.mirror().reconcile()
+    assert "a" in sim.status.entries  # not compacted while the devices are occupied
+
+    sim.deallocate("a").reconcile()
+    assert sim.entry("a").devices.released  # type: ignore[union-attr]
+    assert sim.reasons("a").count("DevicesReleased") == 1
+    sim.reconcile().mirror().reconcile()
+    assert "a" not in sim.status.entries
+    assert sim.reasons("a").count("DevicesReleased") == 1
+
+
+def test_allocated_and_cancelled_before_the_operator_looked_never_holds() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").cancel("a").reconcile()
+    assert sim.entry("a").phase is ClaimPhase.RELEASED
+    assert sim.entry("a").devices is None
+    assert sim.last is not None and sim.last.device_holds == {}  # its ResourceClaim goes
+
+
+def test_cancelled_and_deallocated_unseen_is_released_with_its_devices_free() -> None:
+    sim = gpu_sim().create("a", {GPU: "1"}).allocate("a").reconcile()
+    sim.cancel("a").deallocate("a").reconcile()
+    entry = sim.entry("a")
+    assert entry.phase is ClaimPhase.RELEASED
+    assert entry.devices is not None and entry.devices.released
+
+
+def test_a_claim_losing_its_room_while_allocated_lets_its_devices_go() -> None:
+    sim = gpu_sim().create("big", {GPU: "8"}, priority=5).reconcile()
+    sim.create("small", {GPU: "1"}).allocate("small").reconcile()
+    assert sim.phase("small") is ClaimPhase.PENDING  # big is first in the queue
+    assert sim.last is not None and "small" not in sim.last.device_holds
+
+
+def test_a_fractional_device_count_is_rejected() -> None:
+    sim = gpu_sim().create("a", {GPU: "1.5"}).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.REJECTED
+    assert sim.entry("a").settlement.reason == "InvalidDeviceCount"  # type: ignore[union-attr]
+
+
+def test_non_device_claims_are_untouched() -> None:
+    sim = gpu_sim().create("a", {"tokens": "10"}).reconcile()
+    assert sim.phase("a") is ClaimPhase.TENTATIVE
+    assert sim.last is not None and sim.last.device_holds == {}
