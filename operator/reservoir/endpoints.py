@@ -2,13 +2,16 @@
 readiness probe `/readyz`. (Liveness is kopf's own endpoint, `--liveness`.)
 
 Readiness says whether this replica can do its job right now: its start-up finished and
-the API server answered its latest ledger reconcile. A replica that has nothing to
-reconcile, or that stands by behind a peer, is ready.
+the API server answered its latest request (a ledger reconcile, or the cheap read
+`watch_api` makes every 10 s, so that a replica with nothing to reconcile, or standing by
+behind a peer, still notices an unreachable API server).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -35,6 +38,21 @@ class Health:
         if self.last_failure > self.last_success:
             return f"the latest ledger reconcile failed: {self.failure}"
         return None
+
+
+async def watch_api(
+    health: Health, check: Callable[[], Awaitable[object]], every: float = 10.0
+) -> None:
+    """Ask the API server something cheap every `every` seconds; record the answer."""
+    while True:
+        try:
+            await asyncio.wait_for(check(), timeout=5)
+            health.succeeded()
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:
+            health.failed(f"API server: {type(error).__name__}: {error}"[:200])
+        await asyncio.sleep(every)
 
 
 async def serve(port: int, health: Health) -> web.AppRunner:

@@ -14,6 +14,7 @@ Gauges are floats by Prometheus' definition; the ledger itself stays exact.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -110,6 +111,26 @@ finalizer_waits = Counter(
 )
 
 EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
+# A snapshot older than this is not shown: the replica stopped reconciling the envelope
+# (it was paused behind a peer, or the envelope went while it was not looking). An active
+# replica reconciles every envelope at least every 30 s.
+STALE_AFTER_SECONDS = 90.0
+# Distinct workflow classes labelled on counters and histograms; later ones count as
+# "_other", so a class label set per run cannot grow the series without bound.
+MAX_CLASSES = 100
+OTHER_CLASS = "_other"
+_classes: set[str] = set()
+_classes_lock = threading.Lock()
+
+
+def bounded_class(workflow_class: str) -> str:
+    with _classes_lock:
+        if workflow_class in _classes:
+            return workflow_class
+        if len(_classes) < MAX_CLASSES:
+            _classes.add(workflow_class)
+            return workflow_class
+    return OTHER_CLASS
 
 
 @dataclass(frozen=True)
@@ -122,6 +143,7 @@ class EnvelopeSnapshot:
     stranded: Mapping[str, Decimal]
     ambiguity_deadline_seconds: int
     oldest_finalizer: datetime | None = None
+    finalizer_due: datetime | None = None  # when the earliest waiting deletion is due
 
 
 @dataclass(eq=False)  # registries key collectors by identity
@@ -131,26 +153,33 @@ class EnvelopeGauges(Collector):
 
     _snapshots: dict[tuple[str, str], EnvelopeSnapshot] = field(default_factory=dict)
     _healthy: dict[tuple[str, str], bool] = field(default_factory=dict)
+    _seen: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    stale_after: float = STALE_AFTER_SECONDS
 
     def record(self, namespace: str, envelope: str, snapshot: EnvelopeSnapshot) -> None:
         with self._lock:
             self._snapshots[(namespace, envelope)] = snapshot
             self._healthy[(namespace, envelope)] = True
+            self._seen[(namespace, envelope)] = time.monotonic()
 
     def unhealthy(self, namespace: str, envelope: str) -> None:
         with self._lock:
             self._healthy[(namespace, envelope)] = False
+            self._seen[(namespace, envelope)] = time.monotonic()
 
     def forget(self, namespace: str, envelope: str) -> None:
         with self._lock:
             self._snapshots.pop((namespace, envelope), None)
             self._healthy.pop((namespace, envelope), None)
+            self._seen.pop((namespace, envelope), None)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
-            snapshots = dict(self._snapshots)
-            healthy = dict(self._healthy)
+            cutoff = time.monotonic() - self.stale_after
+            fresh = {key for key, seen in self._seen.items() if seen >= cutoff}
+            snapshots = {k: v for k, v in self._snapshots.items() if k in fresh}
+            healthy = {k: v for k, v in self._healthy.items() if k in fresh}
         capacity = GaugeMetricFamily(
             "reservoir_envelope_capacity",
             "Capacity of the envelope by resource and ledger state "
@@ -184,6 +213,13 @@ class EnvelopeGauges(Collector):
             "its settlement was asked (Unix time); absent when none waits.",
             labels=ENVELOPE,
         )
+        due = GaugeMetricFamily(
+            "reservoir_envelope_finalizer_due_timestamp_seconds",
+            "When the earliest waiting claim deletion of the envelope is due to settle (Unix "
+            "time): at once before the commit point, else at the ambiguity deadline after "
+            "its lease ends or it detaches. Absent when none waits.",
+            labels=ENVELOPE,
+        )
         health = GaugeMetricFamily(
             "reservoir_envelope_ledger_healthy",
             "1 when the envelope's last reconcile wrote or confirmed its ledger, 0 when the "
@@ -203,9 +239,11 @@ class EnvelopeGauges(Collector):
             deadline.add_metric(key, snap.ambiguity_deadline_seconds)
             if snap.oldest_finalizer is not None:
                 oldest.add_metric(key, snap.oldest_finalizer.timestamp())
+            if snap.finalizer_due is not None:
+                due.add_metric(key, snap.finalizer_due.timestamp())
         for (namespace, envelope), ok in sorted(healthy.items()):
             health.add_metric([namespace, envelope], 1 if ok else 0)
-        yield from (capacity, claims, stranded, info, deadline, oldest, health)
+        yield from (capacity, claims, stranded, info, deadline, oldest, due, health)
 
 
 envelopes = EnvelopeGauges()
@@ -213,6 +251,7 @@ REGISTRY.register(envelopes)
 
 
 def count_events(namespace: str, workflow_class: str, events: Iterable[LedgerEvent]) -> None:
+    workflow_class = bounded_class(workflow_class)
     for event in events:
         transitions.labels(namespace, workflow_class, event.reason).inc()
         if event.reason in EXPIRY_REASONS and event.phase is not None:
@@ -234,7 +273,7 @@ def observe_written(
 ) -> None:
     """Latencies, renewals and C/R of what a ledger write just made durable: each moment
     (reserved, committed, settled) is observed by the one write that first records it."""
-    labels = (namespace, workflow_class)
+    labels = (namespace, bounded_class(workflow_class))
     for uid, entry in after.items():
         old = before.get(uid)
         reserved_at = entry.first_reserved_at

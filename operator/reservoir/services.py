@@ -13,7 +13,7 @@ from lightkube import AsyncClient
 from reservoir.endpoints import Health
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.ledger_writer import LedgerWriter
-from reservoir.k8s.resources import FIELD_MANAGER
+from reservoir.k8s.resources import FIELD_MANAGER, ReservationEnvelope
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -34,3 +34,10 @@ class Services:
         devices = DeviceHolder(client, priority_class)
         writer = LedgerWriter(client, post_event, devices=devices)
         return cls(client=client, writer=writer, health=Health())
+
+    async def probe_api(self) -> None:
+        """The cheapest read the operator is allowed: one envelope of a watched namespace
+        (any namespace when it watches the whole cluster)."""
+        namespace = os.environ.get("RESERVOIR_PROBE_NAMESPACE") or "*"
+        async for _ in self.client.list(ReservationEnvelope, namespace=namespace, chunk_size=1):
+            break

@@ -130,9 +130,9 @@ def start_operator(
     logs = REPO / ".cluster" / "test-logs"
     logs.mkdir(parents=True, exist_ok=True)
 
-    def start(*extra: str) -> OperatorProcess:
+    def start(*extra: str, kubeconfig: Path | None = None) -> OperatorProcess:
         log = logs / f"{request.node.name[:60]}-{len(started)}.log"
-        operator = OperatorProcess(cluster, ns, log, *extra)
+        operator = OperatorProcess(cluster, ns, log, *extra, kubeconfig=kubeconfig)
         started.append(operator)
         return operator
 

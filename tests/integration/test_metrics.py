@@ -4,11 +4,18 @@ series leave with it."""
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import subprocess
+import threading
+import urllib.error
+import urllib.parse
 import urllib.request
 from decimal import Decimal
+from pathlib import Path
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from reservoir.sdk import Reservoir
@@ -148,3 +155,83 @@ def test_a_scrape_after_the_worked_example_matches_the_ledger(
     )
     assert not any(labels and ("envelope", "parent") in labels for _, labels in found)
     assert value(found, "reservoir_claim_consumed_ratio_count", **ratio) == 3
+
+
+class Proxy:
+    """A TCP relay to the API server that can be cut and restored: the operator's only
+    way to the API, so cutting it is the API server going away for that operator."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.open = threading.Event()
+        self.open.set()
+        self.sockets: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+            except OSError:
+                return
+            if not self.open.is_set():
+                client.close()
+                continue
+            upstream = socket.create_connection(self.target)
+            self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                sink.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (source, sink):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def cut(self) -> None:
+        self.open.clear()
+        for s in self.sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+        self.sockets.clear()
+
+    def restore(self) -> None:
+        self.open.set()
+
+
+def ready(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=3) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as error:
+        return int(error.code)
+
+
+def test_readiness_follows_the_api_server_even_with_nothing_to_reconcile(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, tmp_path: Path
+) -> None:
+    """Found by review: with no envelope to reconcile, /readyz said ok for as long as the
+    API server was unreachable."""
+    config = yaml.safe_load(cluster.kubeconfig_path.read_text())
+    server = urllib.parse.urlsplit(config["clusters"][0]["cluster"]["server"])
+    proxy = Proxy((server.hostname or "127.0.0.1", server.port or 443))
+    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    # The API server's certificate names 127.0.0.1, so the relay is transparent to TLS.
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(config))
+    port = _free_port()
+    start_operator("--metrics-port", str(port), kubeconfig=kubeconfig)
+    assert ready(port) == 200
+
+    proxy.cut()
+    eventually("/readyz to fail while the API server is unreachable", lambda: ready(port) == 503)
+    proxy.restore()
+    eventually("/readyz to recover", lambda: ready(port) == 200, timeout=60)

@@ -45,20 +45,45 @@ def test_help_lists_every_flag_with_its_default() -> None:
         assert f"(default: {default})" in after, flag
 
 
-@pytest.mark.parametrize("kubeconfig", ["missing", "empty"])
-def test_without_credentials_it_exits_at_once_with_one_line(
-    tmp_path: Path, kubeconfig: str
+BROKEN_KUBECONFIGS = {
+    "missing": (None, "no Kubernetes credentials"),
+    "no-context": (
+        "apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n",
+        "no Kubernetes credentials",
+    ),
+    "empty-file": ("", "unusable kubeconfig"),
+    "malformed": ("a: [b\n", "unusable kubeconfig"),
+    "context-names-a-missing-cluster": (
+        "apiVersion: v1\nkind: Config\nclusters: []\nusers: []\ncontexts:\n- name: x\n"
+        "  context: {cluster: nope, user: nope}\ncurrent-context: x\n",
+        "missing entry 'nope'",
+    ),
+    "certificate-files-missing": (
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: "
+        "'https://127.0.0.1:1', certificate-authority: /nonexistent/ca.crt}\nusers:\n"
+        "- name: u\n  user: {client-certificate: /nonexistent/c.crt, client-key: "
+        "/nonexistent/c.key}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+        "current-context: x\n",
+        "missing file(s) /nonexistent/ca.crt",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BROKEN_KUBECONFIGS))
+def test_without_usable_credentials_it_exits_at_once_with_one_line(
+    tmp_path: Path, case: str
 ) -> None:
+    content, expected = BROKEN_KUBECONFIGS[case]
     path = tmp_path / "kubeconfig"
-    if kubeconfig == "empty":
-        path.write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    if content is not None:
+        path.write_text(content)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(path)}
     result = run("--metrics-port", "0", env=env)
-    assert result.returncode == 2
+    assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1, result.stderr
-    assert lines[0].startswith("reservoir-operator: no Kubernetes credentials")
-    assert str(path) in lines[0] and "serviceaccount" in lines[0]
+    assert lines[0].startswith("reservoir-operator: ") and expected in lines[0]
+    assert str(path) in lines[0]
 
 
 def test_peering_replicas_get_distinct_random_priorities_unless_one_is_given() -> None:

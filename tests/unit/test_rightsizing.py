@@ -275,3 +275,21 @@ def test_percentiles_are_ordered_and_the_suggestion_covers_the_p95(samples: list
         assert r.p95_consumed <= r.p95_demand <= r.suggested
         assert r.suggested <= r.p95_demand * D("1.01")  # three significant digits
         assert parse_quantity(format(r.suggested, "f")) == r.suggested  # a valid quantity
+
+
+def test_overrun_of_a_resource_never_requested_is_demand_for_it() -> None:
+    """Found by review: claims that requested only tokens but reported cost were charged
+    nothing for cost (R is 0) and the cost they needed was never suggested."""
+    samples = [
+        Sample(
+            phase=ClaimPhase.CONSUMED,
+            reserved={"tokens": Decimal(10)},
+            consumed={"tokens": Decimal(4)},
+            excess={"cost": Decimal(3)},
+        )
+        for _ in range(6)
+    ]
+    result = recommend(samples)
+    cost = next(r for r in result.resources if r.resource == "cost")
+    assert cost.samples == 6 and cost.suggested == Decimal(3)
+    assert cost.p50_reserved == 0

@@ -10,6 +10,7 @@ import random
 import sys
 
 import kopf
+from lightkube import AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
@@ -81,17 +82,36 @@ def peering_priority(peering: str | None, priority: int | None) -> int:
 
 def credentials_problem() -> str | None:
     """None if there is something to log in with, else one line saying what was looked for.
-    kopf would otherwise retry its start-up forever with a traceback a minute."""
+    kopf would otherwise retry its start-up forever with a traceback a minute. A client is
+    built too, so that certificate files that are named but missing fail here."""
     if os.environ.get("KUBERNETES_SERVICE_HOST") and os.path.exists(SERVICE_ACCOUNT_TOKEN):
         return None
+    where = os.environ.get("KUBECONFIG") or "~/.kube/config"
     try:
-        KubeConfig.from_env().get()
+        config = KubeConfig.from_env()
+        current = config.get()
+        if current is None:
+            raise ConfigError("it has no current context")
+        user, cluster = current.user, current.cluster
+        named = [cluster.certificate_auth] if cluster else []
+        named += [user.client_cert, user.client_key, user.token_file] if user else []
+        missing = [path for path in named if path and not os.path.exists(path)]
+        if missing:
+            return f"unusable kubeconfig at {where}: missing file(s) {', '.join(missing)}"
+        AsyncClient(config=config)
     except ConfigError as error:
-        where = os.environ.get("KUBECONFIG") or "~/.kube/config"
         return (
             f"no Kubernetes credentials: not in a cluster (no $KUBERNETES_SERVICE_HOST and "
             f"{SERVICE_ACCOUNT_TOKEN}) and no usable kubeconfig at {where} ({error})"
         )
+    except Exception as error:  # a kubeconfig lightkube cannot use, whatever the reason
+        detail = str(error) or type(error).__name__
+        if isinstance(error, KeyError):
+            detail = f"its context names a missing entry {error}"
+        elif isinstance(error, OSError) and error.filename:
+            detail = f"{error.strerror}: {error.filename}"
+        detail = " ".join(detail.split())[:300]  # one line
+        return f"unusable kubeconfig at {where}: {type(error).__name__}: {detail}"
     return None
 
 
@@ -109,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     os.environ["RESERVOIR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["RESERVOIR_PLACEHOLDER_PRIORITY_CLASS"] = args.placeholder_priority_class
+    os.environ["RESERVOIR_PROBE_NAMESPACE"] = args.namespace[0] if args.namespace else ""
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
     namespaces = args.namespace  # none given (or -A): the whole cluster

@@ -143,6 +143,22 @@ def renewal(
     return Renewal(True, expires_at=max(expires_at, entry.expires_at))
 
 
+def settlement_due(
+    entry: LedgerEntry | None, deleted_at: datetime, policy: EnvelopePolicy
+) -> datetime:
+    """By when a deleted claim's settlement is due, so its finalizer can go: at once before
+    its commit point; after it, at the ambiguity deadline that follows its lease's end (no
+    renewal is granted once it is being deleted) or its detachment. Later than this means
+    something is stuck, or the policy is Hold and a person must decide."""
+    deadline = timedelta(seconds=policy.ambiguity_deadline_seconds)
+    if entry is None or entry.settlement is not None or not entry.phase.committed:
+        return deleted_at
+    if entry.detached_at is not None:
+        return entry.detached_at + deadline
+    lease_end = entry.expires_at or deleted_at
+    return max(lease_end, deleted_at) + deadline
+
+
 def ambiguity_deadline(entry: LedgerEntry, policy: EnvelopePolicy) -> datetime | None:
     if entry.detached_at is None:
         return None

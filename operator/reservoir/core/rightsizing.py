@@ -157,14 +157,15 @@ def recommend(
             counted.append(sample)
         else:
             excluded[why] = excluded.get(why, 0) + 1
-    names = sorted({name for sample in counted for name in sample.reserved})
+    # A resource a claim never requested but overran is demand too (R is 0 for it).
+    names = sorted({name for sample in counted for name in (*sample.reserved, *sample.excess)})
     resources = [_resource(name, counted, min_samples) for name in names]
     return Recommendation(len(counted), dict(sorted(excluded.items())), resources, min_samples)
 
 
 def _resource(name: str, counted: Sequence[Sample], min_samples: int) -> ResourceRecommendation:
-    held = [s for s in counted if name in s.reserved]
-    reserved = [s.reserved[name] for s in held]
+    held = [s for s in counted if name in s.reserved or name in s.excess]
+    reserved = [s.reserved.get(name, ZERO) for s in held]
     consumed = [s.consumed.get(name, ZERO) for s in held]
     demand = [c + s.excess.get(name, ZERO) for c, s in zip(consumed, held, strict=True)]
     ratios = [Fraction(c) / Fraction(r) for c, r in zip(consumed, reserved, strict=True) if r]

@@ -98,7 +98,8 @@ async def settle_before_removal(
     entry = result.entry(uid)
     if entry is None or entry.phase.terminal:
         return
-    metrics.finalizer_waits.labels(namespace, "BranchClaim").inc()
+    if retry == 0:  # one deletion held back, however many times it is retried
+        metrics.finalizer_waits.labels(namespace, "BranchClaim").inc()
     if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
         kopf.warn(
             body,

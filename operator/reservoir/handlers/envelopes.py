@@ -84,7 +84,8 @@ async def settle_children_before_removal(
         return
     live = [e.claim for e in result.status.entries.values() if not e.phase.terminal]
     if live:
-        metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
+        if retry == 0:  # one deletion held back, however many times it is retried
+            metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
         message = f"waiting for {len(live)} claims to settle: {', '.join(live[:5])}"
         if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
             kopf.warn(body, reason="AwaitingSettlement", message=message)

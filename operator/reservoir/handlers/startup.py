@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from typing import Any
 
 import kopf
 
-from reservoir.endpoints import serve
+from reservoir.endpoints import serve, watch_api
 from reservoir.k8s.resources import FINALIZER
 from reservoir.services import Services
 
@@ -29,11 +30,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
     if port:
         memo.endpoints = await serve(port, services.health)
+    memo.api_watch = asyncio.create_task(watch_api(services.health, services.probe_api))
     services.health.started = True
 
 
 @kopf.on.cleanup()
 async def stop_endpoints(memo: kopf.Memo, **_: Any) -> None:
+    if memo.get("api_watch") is not None:
+        memo.api_watch.cancel()
     if memo.get("endpoints") is not None:
         await memo.endpoints.cleanup()
 

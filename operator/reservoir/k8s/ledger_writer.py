@@ -32,6 +32,7 @@ from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.model import DEVICE_CLASSES, MAX_CONDITIONS, Condition
+from reservoir.core.policy import settlement_due
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import facts as read
@@ -405,12 +406,13 @@ def snapshot(
     result: Reconciliation,
 ) -> metrics.EnvelopeSnapshot:
     """What the envelope's gauges show after this reconcile."""
-    waiting = [
-        read.parse_time(c["metadata"]["deletionTimestamp"])
+    waiting = {
+        c["metadata"]["uid"]: read.parse_time(c["metadata"]["deletionTimestamp"])
         for c in claims
         if c["metadata"].get("deletionTimestamp")
         and FINALIZER in (c["metadata"].get("finalizers") or [])
-    ]
+    }
+    policy = facts.spec.policy
     return metrics.EnvelopeSnapshot(
         workflow_class=workflow_class(envelope),
         totals=result.status.totals,
@@ -419,5 +421,9 @@ def snapshot(
             result.status.entries.values(), facts.spec.capacity, facts.accepting(result.now)
         ),
         ambiguity_deadline_seconds=facts.spec.policy.ambiguity_deadline_seconds,
-        oldest_finalizer=min(waiting, default=None),
+        oldest_finalizer=min(waiting.values(), default=None),
+        finalizer_due=min(
+            (settlement_due(result.entry(uid), at, policy) for uid, at in waiting.items()),
+            default=None,
+        ),
     )
