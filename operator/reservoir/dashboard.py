@@ -7,6 +7,11 @@
 (and a test keeps equal to this module's output). The panels query only the metrics that
 reservoir.metrics declares: per-envelope gauges filtered by the namespace and envelope
 variables, per-class counters and histograms by the namespace variable.
+
+Every operator replica exports the per-envelope gauges (reservoir_envelope_*) of the envelopes
+it has reconciled: the active one, and a paused one for up to 90 s after it stopped. Panels
+over them first take the `max by` the envelope's identifying labels, so that two replicas'
+copies of one envelope are not counted twice, and only then sum over envelopes.
 """
 
 from __future__ import annotations
@@ -115,8 +120,8 @@ def capacity_panels() -> list[Panel]:
             "envelopes: reserved, committed, reconciling and available stack up to capacity.",
             [
                 (
-                    f"sum by (state) (reservoir_envelope_capacity{{{ENVELOPE}, "
-                    f'resource="$resource"}})',
+                    "sum by (state) (max by (namespace, envelope, resource, state) "
+                    f'(reservoir_envelope_capacity{{{ENVELOPE}, resource="$resource"}}))',
                     "{{state}}",
                 )
             ],
@@ -132,7 +137,8 @@ def capacity_panels() -> list[Panel]:
             "Claims of the selected envelopes by phase.",
             [
                 (
-                    f"sum by (phase) (reservoir_envelope_claims{{{ENVELOPE}}})",
+                    "sum by (phase) (max by (namespace, envelope, phase) "
+                    f"(reservoir_envelope_claims{{{ENVELOPE}}}))",
                     "{{phase}}",
                 )
             ],
@@ -145,7 +151,7 @@ def capacity_panels() -> list[Panel]:
             "open (alert: ReservoirCapacityStranded after 30m).",
             [
                 (
-                    "sum by (namespace, envelope, resource) "
+                    "max by (namespace, envelope, resource) "
                     f"(reservoir_envelope_stranded{{{ENVELOPE}}}) > 0",
                     "{{namespace}}/{{envelope}} {{resource}}",
                 )
@@ -166,27 +172,28 @@ def capacity_panels() -> list[Panel]:
             w=12,
         ),
         timeseries(
-            "Oldest finalizer wait",
-            "Age of the oldest claim deletion still waiting on the settlement finalizer, "
-            "against the envelope's ambiguity deadline (alert: ReservoirFinalizerStuck).",
+            "Finalizer waits: age and overdue",
+            "Age of the oldest claim deletion still waiting on the settlement finalizer, and "
+            "how long the earliest waiting deletion is past its due time (at once before the "
+            "commit point, else the ambiguity deadline after its lease ends or it detaches: a "
+            "deleted Committed claim waits its lease out first). Alert: "
+            "ReservoirFinalizerStuck when overdue by more than 5 minutes for 5 minutes.",
             [
                 (
                     "time() - min by (namespace, envelope) "
                     f"(reservoir_envelope_oldest_finalizer_timestamp_seconds{{{ENVELOPE}}})",
-                    "{{namespace}}/{{envelope}}",
+                    "waiting {{namespace}}/{{envelope}}",
                 ),
                 (
-                    "max by (namespace, envelope) "
-                    f"(reservoir_envelope_ambiguity_deadline_seconds{{{ENVELOPE}}}) "
-                    "and on (namespace, envelope) "
-                    f"reservoir_envelope_oldest_finalizer_timestamp_seconds{{{ENVELOPE}}}",
-                    "deadline {{namespace}}/{{envelope}}",
+                    "(time() - max by (namespace, envelope) "
+                    f"(reservoir_envelope_finalizer_due_timestamp_seconds{{{ENVELOPE}}})) > 0",
+                    "overdue {{namespace}}/{{envelope}}",
                 ),
             ],
             unit="s",
             overrides=[
                 {
-                    "matcher": {"id": "byRegexp", "options": "^deadline .*"},
+                    "matcher": {"id": "byRegexp", "options": "^overdue .*"},
                     "properties": [
                         {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}}
                     ],

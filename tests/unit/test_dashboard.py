@@ -20,6 +20,11 @@ from tests.unit.metric_names import (
 
 CHECKED_IN = REPO / "charts" / "reservoir" / "files" / "grafana-dashboard.json"
 
+# A per-envelope gauge, and the aggregation that must wrap it: every operator replica exports
+# its own copy of an envelope's gauges, which a sum would count once per replica.
+ENVELOPE_GAUGE = re.compile(r"(?<![A-Za-z0-9_:])reservoir_envelope_[A-Za-z0-9_:]*")
+MERGED_BY_ENVELOPE = re.compile(r"(?:max|min) by \(namespace, envelope(?:, \w+)*\) \($")
+
 # Grafana's variables, replaced by values of the right kind so promtool can parse the query.
 VARIABLES = {
     "$__rate_interval": "5m",
@@ -94,8 +99,21 @@ def test_every_query_uses_only_declared_metrics() -> None:
         "reservoir_ledger_writes_total",
         "reservoir_ledger_errors_total",
         "reservoir_envelope_oldest_finalizer_timestamp_seconds",
+        "reservoir_envelope_finalizer_due_timestamp_seconds",
     ):
         assert metric in used, f"no panel shows {metric}"
+
+
+def test_panels_merge_per_envelope_gauges_of_all_replicas() -> None:
+    board = dashboard.dashboard()
+    for panel in panels(board):
+        for query in panel.get("targets", []):
+            expr = query["expr"]
+            for found in ENVELOPE_GAUGE.finditer(expr):
+                assert MERGED_BY_ENVELOPE.search(expr[: found.start()]), (
+                    f"{panel['title']}: merge {found.group()} over replicas with max/min by "
+                    f"(namespace, envelope, ...) before summing: {expr}"
+                )
 
 
 def test_every_query_is_valid_promql(tmp_path: Path) -> None:
