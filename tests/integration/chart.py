@@ -48,11 +48,13 @@ def set_args(values: dict[str, Any]) -> list[str]:
     ]
 
 
-def render(values: dict[str, Any], namespace: str = "reservoir-system") -> list[dict[str, Any]]:
+def render(
+    values: dict[str, Any], namespace: str = "reservoir-system", name: str = "rel"
+) -> list[dict[str, Any]]:
     out = helm(
         None,
         "template",
-        "rel",
+        name,
         str(CHART),
         "--namespace",
         namespace,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from reservoir.sdk import ClaimView, Reservoir
+from reservoir.sdk import ClaimView, Reservoir, workload_pod
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
 from tests.integration.helpers import create_envelope, eventually, wait_phase
@@ -126,3 +126,71 @@ def test_node_selector_hints_are_respected(
     )
     view = held(sdk, claim)
     assert view.status.placement is not None and view.status.placement.node == "gpu-node-2"
+
+
+def resource_claim(cluster: ClusterHandle, ns: str, uid: str) -> dict[str, Any]:
+    return dict(
+        json.loads(
+            cluster.kubectl("get", "resourceclaim", f"reservoir-{uid}", "-n", ns, "-o", "json")
+        )
+    )
+
+
+def test_the_devices_are_handed_to_the_workload_pod_and_freed_only_after_it_is_gone(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "gpus", {GPU: "8"}, defaultLeaseSeconds=300)
+    view = held(sdk, sdk.hold("gpus", "train", {GPU: "2"}, name="train"))
+    assert view.status.placement is not None
+    node, devices = view.status.placement.node, view.status.placement.devices
+    before = resource_claim(cluster, ns, view.uid)["status"]["allocation"]
+
+    template = {
+        "metadata": {"name": "trainer"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "registry.k8s.io/pause:3.10",
+                    # asked the usual way: the helper takes the devices from the claim instead
+                    "resources": {"limits": {GPU: "2"}},
+                }
+            ]
+        },
+    }
+    manifest = workload_pod(view, template)
+    assert manifest["spec"]["schedulingGates"] == [{"name": "reservoir.dev/hand-off"}]
+    assert GPU not in manifest["spec"]["containers"][0]["resources"]["limits"]
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+
+    # The hand-off is recorded (and commits the claim), then the gate goes and the pod
+    # lands on the allocation's node; the placeholder goes once the pod holds the devices.
+    committed = sdk.wait("train", condition="Committed", within=30)
+    assert committed.entry is not None and committed.entry.handed_off_at is not None
+    bound = eventually(
+        "the workload pod bound", lambda: pod(cluster, ns, "trainer")["spec"].get("nodeName")
+    )
+    assert bound == node
+    eventually(
+        "the placeholder gone",
+        lambda: (
+            not cluster.kubectl(
+                "get", "pods", "-n", ns, "-l", "reservoir.dev/placeholder-for", "-o", "name"
+            ).strip()
+        ),
+    )
+    claim_object = resource_claim(cluster, ns, view.uid)
+    assert claim_object["status"]["allocation"] == before  # the same devices, never freed
+    users = [u["name"] for u in claim_object["status"]["reservedFor"]]
+    assert users == ["trainer"]
+    assert [r["device"] for r in before["devices"]["results"]] == devices
+
+    # Settled: the budget comes back at once, the devices only once the pod is gone.
+    sdk.finish(sdk.get("train"), {GPU: "2"})
+    settled = wait_phase(sdk, "train", "Consumed")
+    assert settled.status.placement is not None and not settled.status.placement.devices_released
+    cluster.kubectl("delete", "pod", "trainer", "-n", ns, "--wait=false")
+    eventually(
+        "the devices confirmed free",
+        lambda: (p := sdk.get("train").status.placement) is not None and p.devices_released,
+    )

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -15,7 +17,7 @@ import pytest
 import yaml
 
 from tests.clusters import ClusterHandle, schemaless_crd
-from tests.integration.chart import CHART, KUBE_VERSION, helm, render, set_args
+from tests.integration.chart import CHART, KUBE_VERSION, helm, render, set_args, tool
 from tests.integration.helpers import eventually
 
 # Each switch: (default, other). The schema rules out two combinations, checked below.
@@ -146,9 +148,108 @@ def test_the_schema_rejects_typos_and_wrong_types() -> None:
         {"image.pullPolicy": "Sometimes"},
         {"metrics.service.enabled": False, "metrics.serviceMonitor.enabled": True},
         {"serviceAccount.create": False},
+        # Names the API server would refuse: too long (the Service appends -metrics), not
+        # DNS-1123, or two dots in a row.
+        {"fullnameOverride": "a" * 56},
+        {"fullnameOverride": "a" * 63},
+        {"fullnameOverride": "Reservoir_Op"},
+        {"fullnameOverride": "1reservoir"},  # a Service name must start with a letter
+        {"nameOverride": "Res"},
+        {"nameOverride": "res-"},
+        {"serviceAccount.name": "Bad_Name"},
+        {"serviceAccount.create": False, "serviceAccount.name": "Bad_Name"},
+        {"serviceAccount.name": "a" * 254},
+        {"peering.name": "a..b"},
+        {"peering.name": "Peer"},
+        {"peering.name": "a" * 254},
+        # The selector's labels: the Deployment would no longer select its pods.
+        {"podLabels": {"app.kubernetes.io/name": "other"}},
+        {"podLabels": {"app.kubernetes.io/instance": "other"}},
     ):
         out = lint(values)
         assert "1 chart(s) failed" in out and "schema" in out, f"accepted {values}:\n{out}"
+    for values in (
+        {"fullnameOverride": "a" * 55},
+        {"nameOverride": "res"},
+        {"serviceAccount.name": "ops.reservoir-sa"},
+        {"peering.name": "a.b-c"},
+        {"podLabels": {"team": "gpu", "app.kubernetes.io/component": "operator"}},
+    ):
+        out = lint(values)
+        assert "0 chart(s) failed" in out, f"refused {values}:\n{out}"
+
+
+def test_the_chart_refuses_one_port_for_metrics_and_health() -> None:
+    """The schema cannot compare two values: the template fails, saying why (helm lint
+    reports a template's `fail` only as INFO: install and template refuse it)."""
+
+    def template(values: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+        args = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION]
+        return subprocess.run(
+            [tool("helm"), *args, *set_args(values)], capture_output=True, text=True, check=False
+        )
+
+    for values in (
+        {"metrics.port": 8081},
+        {"health.port": 8080},
+        {"metrics.port": 9000, "health.port": 9000},
+    ):
+        result = template(values)
+        assert result.returncode != 0, f"rendered {values}"
+        assert "metrics.port and health.port are both" in result.stderr, result.stderr
+    assert template({"metrics.port": 9000, "health.port": 9001}).returncode == 0
+
+
+DNS_1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+# A release name of Helm's maximum length (53).
+LONG_RELEASE = "a-release-name-of-fifty-three-characters-for-a-test-x"
+
+
+def assert_names_valid(docs: list[dict[str, Any]], context: str) -> None:
+    """Every name within the API server's limits: Services DNS-1035 labels (63), other
+    objects DNS-1123 subdomains (253), label values 63."""
+    for doc in docs:
+        kind, name = doc["kind"], doc["metadata"]["name"]
+        if kind == "Service":
+            assert len(name) <= 63 and DNS_1035_LABEL.match(name), f"{context}: Service {name}"
+        else:
+            assert len(name) <= 253 and DNS_SUBDOMAIN.match(name), f"{context}: {kind} {name}"
+        labels = dict(doc["metadata"].get("labels") or {})
+        if kind == "Deployment":
+            labels.update(doc["spec"]["template"]["metadata"]["labels"])
+        for key, value in labels.items():
+            assert len(value) <= 63 and LABEL_VALUE.match(value), f"{context}: {key}={value}"
+
+
+def test_every_name_fits_whatever_the_release_name() -> None:
+    """Helm allows release names of up to 53 characters; the derived names must fit
+    (`<fullname>-metrics` is a Service, at most 63)."""
+    assert len(LONG_RELEASE) == 53
+    everything = {**MONITORING, "watchNamespaces": ["team-a"]}
+    for length in range(44, 54):
+        name = LONG_RELEASE[: length - 1] + "z"
+        for values in (MONITORING, everything):
+            docs = render(values, name=name)
+            assert_names_valid(docs, f"release {name} ({length})")
+            service = next(d for d in docs if d["kind"] == "Service")
+            assert service["metadata"]["name"].endswith("-metrics")
+            deployment = next(d for d in docs if d["kind"] == "Deployment")
+            assert deployment["metadata"]["name"] == service["metadata"]["name"][: -len("-metrics")]
+    # A release name that contains the chart's name is the full name, and overrides fit.
+    assert_names_valid(render({}, name=("reservoir-" + "x" * 53)[:53]), "reservoir-xxx")
+    for values in ({"fullnameOverride": "f" * 55}, {"nameOverride": "n" * 63}):
+        assert_names_valid(render({**values, **MONITORING}, name=LONG_RELEASE), str(values))
+
+
+def test_the_selector_matches_the_pods_whatever_the_pod_labels() -> None:
+    deployment = next(
+        d for d in render({"podLabels": {"team": "gpu"}}) if d["kind"] == "Deployment"
+    )
+    selector = deployment["spec"]["selector"]["matchLabels"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert selector.items() <= labels.items() and labels["team"] == "gpu", (selector, labels)
 
 
 def test_the_prometheus_rule_is_the_rule_file_and_the_dashboard_the_json() -> None:
@@ -187,11 +288,17 @@ def test_rendered_manifests_pass_the_api_servers_dry_run(
     for name in watched:
         cluster.kubectl("create", "namespace", name)
     try:
-        for values in (MONITORING, {**MONITORING, "watchNamespaces": watched}):
+        for release, values in (
+            ("dry", MONITORING),
+            ("dry", {**MONITORING, "watchNamespaces": watched}),
+            # Helm's longest release name: the full name is truncated to fit -metrics.
+            (LONG_RELEASE, MONITORING),
+        ):
+            full = f"{release}-reservoir"[:55].rstrip("-")
             out = helm(
                 None,
                 "template",
-                "dry",
+                release,
                 str(CHART),
                 "--namespace",
                 ns,
@@ -201,11 +308,11 @@ def test_rendered_manifests_pass_the_api_servers_dry_run(
                 *set_args(values),
             )
             applied = cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=out)
-            assert "servicemonitor.monitoring.coreos.com/dry-reservoir" in applied, applied
-            assert "validatingadmissionpolicy.admissionregistration.k8s.io/dry-reservoir" in (
-                applied
-            )
-            assert "deployment.apps/dry-reservoir" in applied
+            assert f"servicemonitor.monitoring.coreos.com/{full}" in applied, applied
+            assert f"validatingadmissionpolicy.admissionregistration.k8s.io/{full}" in applied
+            assert f"deployment.apps/{full}" in applied
+            assert f"service/{full}-metrics" in applied
+            assert f"configmap/{full}-dashboard" in applied
     finally:
         for name in watched:
             cluster.kubectl("delete", "namespace", name, "--wait=false")

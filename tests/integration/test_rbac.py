@@ -184,7 +184,8 @@ def test_the_operators_token_is_refused_everything_else(
         '{"spec":{"replicas":5}}',
     )
     # Pods and ResourceClaims it may create and delete (GPU placeholders), nothing more.
-    forbidden(kubeconfig, "patch", "pod", "anything", "-n", ns, "-p", '{"metadata":{}}')
+    forbidden(kubeconfig, "logs", "anything", "-n", ns)
+    forbidden(kubeconfig, "exec", "anything", "-n", ns, "--", "true")
     forbidden(kubeconfig, "patch", "resourceclaim", "x", "-n", ns, "-p", '{"metadata":{}}')
     forbidden(kubeconfig, "get", "deviceclasses")
     forbidden(kubeconfig, "create", "-f", "-", input=envelope_manifest(ns, "mine"))
@@ -280,11 +281,17 @@ def test_a_worker_holds_renews_and_reports_through_the_sdk_and_plugin_and_no_mor
     )
     forbidden(worker, "create", "-f", "-", input=envelope_manifest(ns, "mine"))
     forbidden(worker, "patch", "renv", "wf", "-n", ns, "--type=merge", "-p", '{"spec":{}}')
-    forbidden(worker, "delete", "bclaim", "b", "-n", ns)
+    forbidden(worker, "delete", "renv", "wf", "-n", ns)
     forbidden(worker, "get", "secrets", "-n", ns)
     forbidden(worker, "get", "secret", "anything", "-n", ns)
     forbidden(worker, "create", "configmap", "x", "-n", ns, "--from-literal=a=b")
     forbidden(worker, "get", "bclaim", "-n", "default")  # bound in its namespace only
+    # A worker deletes its claims: the finalizer holds the claim until it is settled.
+    allowed(worker, "delete", "bclaim", "b", "-n", ns, "--wait=false")
+    eventually(
+        "the deleted claim to go",
+        lambda: not allowed(worker, "get", "bclaim", "b", "-n", ns, "--ignore-not-found"),
+    )
 
 
 def test_a_viewer_reads_and_cannot_write(
@@ -297,6 +304,7 @@ def test_a_viewer_reads_and_cannot_write(
     allowed(viewer, "get", "renv", "wf", "-n", ns)
     forbidden(viewer, "create", "-f", "-", input=claim_manifest(ns, "d"))
     forbidden(viewer, "patch", "bclaim", "c", "-n", ns, "--type=merge", "-p", '{"spec":{}}')
+    forbidden(viewer, "delete", "bclaim", "c", "-n", ns)
     forbidden(viewer, "get", "leases", "-n", ns)
     forbidden(viewer, "get", "secrets", "-n", ns)
 
@@ -324,3 +332,6 @@ def test_the_roles_are_aggregated_into_edit_and_view(
     allowed(looker, "get", "renv", "wf", "-n", ns)
     forbidden(looker, "create", "-f", "-", input=claim_manifest(ns, "d"))
     forbidden(looker, "create", "-f", "-", input=envelope_manifest(ns, "mine"))
+    forbidden(looker, "delete", "bclaim", "c", "-n", ns)
+    assert can(editor, "delete", claims, ns) and not can(looker, "delete", claims, ns)
+    allowed(editor, "delete", "bclaim", "c", "-n", ns, "--wait=false")

@@ -70,10 +70,16 @@ class Sim:
         self.claims[name] = replace(self.claims[name], heartbeat=token)
         return self
 
-    def pod(self, name: str, scheduled: bool = False, running: bool = False) -> Sim:
+    def pod(
+        self, name: str, scheduled: bool = False, running: bool = False, gated: bool = False
+    ) -> Sim:
         self.claims[name] = replace(
-            self.claims[name], pod=PodFacts(scheduled=scheduled, running=running)
+            self.claims[name], pod=PodFacts(scheduled=scheduled, running=running, gated=gated)
         )
+        return self
+
+    def no_pod(self, name: str) -> Sim:
+        self.claims[name] = replace(self.claims[name], pod=None)
         return self
 
     def allocate(

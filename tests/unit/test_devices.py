@@ -95,3 +95,41 @@ def test_non_device_claims_are_untouched() -> None:
     sim = gpu_sim().create("a", {"tokens": "10"}).reconcile()
     assert sim.phase("a") is ClaimPhase.TENTATIVE
     assert sim.last is not None and sim.last.device_holds == {}
+
+
+def test_the_hand_off_is_recorded_and_commits_before_the_gate_is_lifted() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    assert sim.last is not None and sim.last.handed_off == set()
+    sim.pod("a", gated=True).reconcile()  # its workload pod waits behind our gate
+    entry = sim.entry("a")
+    assert entry.phase is ClaimPhase.COMMITTED and entry.handed_off_at is not None
+    assert entry.committed_at == entry.handed_off_at
+    assert sim.last is not None and sim.last.handed_off == {"a"}  # the gate may go now
+    assert sim.last.device_holds == {"a": {GPU: 2}}
+    assert sim.reasons("a").count("HandedOff") == 1
+    sim.pod("a", scheduled=True).reconcile()  # bound, gate gone: nothing more to record
+    assert sim.reasons("a").count("HandedOff") == 1
+
+
+def test_a_handed_off_pod_that_vanished_unseen_is_held_never_returned() -> None:
+    """The pod may have been bound and run between two looks: after the hand-off the
+    claim is committed on the record, so a lapsed lease detaches it (R held)."""
+    sim = gpu_sim().create("a", {GPU: "2"}, lease={"duration_seconds": 5})
+    sim.allocate("a").reconcile().pod("a", gated=True).reconcile()
+    sim.no_pod("a").tick(10).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.DETACHED
+    assert sim.total("reconciling", GPU) == "2"
+
+
+def test_no_hand_off_before_admission_or_after_a_cancel() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).pod("a", gated=True).reconcile()
+    assert sim.phase("a") is ClaimPhase.PENDING  # no devices yet: nothing to hand over
+    sim.allocate("a").cancel("a").reconcile()
+    assert sim.entry("a").handed_off_at is None
+    assert sim.entry("a").phase is ClaimPhase.RELEASED
+
+
+def test_a_gated_pod_of_a_claim_without_devices_changes_nothing() -> None:
+    sim = gpu_sim().create("a", {"tokens": "5"}).pod("a", gated=True).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.TENTATIVE
+    assert sim.entry("a").handed_off_at is None

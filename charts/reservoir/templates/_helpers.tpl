@@ -3,16 +3,19 @@
 {{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* The release's full name: every object of the release is named after it. */}}
+{{/* The release's full name: every object of the release is named after it. At most 55
+     characters, so that the longest name derived from it that must be a DNS label (63),
+     the Service `<fullname>-metrics`, fits; the others (`-dashboard`, `-branchclaims`, the
+     roles, the peering) may have 253. values.schema.json caps fullnameOverride at 55. */}}
 {{- define "reservoir.fullname" -}}
 {{- if .Values.fullnameOverride }}
-{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- .Values.fullnameOverride | trunc 55 | trimSuffix "-" }}
 {{- else }}
 {{- $name := default .Chart.Name .Values.nameOverride }}
 {{- if contains $name .Release.Name }}
-{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- .Release.Name | trunc 55 | trimSuffix "-" }}
 {{- else }}
-{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- printf "%s-%s" .Release.Name $name | trunc 55 | trimSuffix "-" }}
 {{- end }}
 {{- end }}
 {{- end }}
@@ -72,11 +75,12 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
   verbs: ["list", "watch"]
-# Workload pods labelled reservoir.dev/claim (PodScheduled/PodRunning commit points), and
-# the placeholder pods it creates and deletes to hold GPU claims' devices.
+# Workload pods labelled reservoir.dev/claim (PodScheduled/PodRunning commit points; patch
+# lifts a GPU claim's hand-off gate), and the placeholder pods it creates and deletes to
+# hold GPU claims' devices.
 - apiGroups: [""]
   resources: ["pods"]
-  verbs: ["list", "watch", "create", "delete"]
+  verbs: ["list", "watch", "create", "delete", "patch"]
 # A ResourceClaim per GPU claim: the scheduler allocates its devices (DRA).
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]

@@ -31,7 +31,8 @@ ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
 # Scalars an admitted entry can still gain: commit, start and detach times, a heartbeat,
 # a deadline action, the settlement record, late-report and overrun bookkeeping.
 GROWING_SCALARS_BYTES = 1024
-DEVICES_RELEASED_BYTES = len(',"released":true')  # recorded once the devices are free
+# Recorded later for a device claim: the hand-off time and that the devices are free.
+DEVICES_RELEASED_BYTES = len(',"released":true,"handedOffAt":"2026-01-01T00:00:00.000000Z"')
 CONDITION_BYTES = 1400  # a condition at its bounds (type, reason, message, time)
 COUNTS_BYTES = 512  # claims per phase
 

@@ -62,6 +62,7 @@ class PodFacts:
 
     scheduled: bool = False  # bound to a node (or ran)
     running: bool = False  # started: phase Running, Succeeded or Failed
+    gated: bool = False  # one still waits behind the hand-off gate for the claim's devices
 
 
 @dataclass(frozen=True)
@@ -211,6 +212,8 @@ def advance(
 
     record_usage(step)
     if entry.phase is ClaimPhase.TENTATIVE:
+        hand_off(step)
+    if entry.phase is ClaimPhase.TENTATIVE:
         advance_tentative(step)
     # After the commit-point check: a commit seen only after the lease lapsed may have
     # happened before it, so the claim is Detached (held), never Expired (returned).
@@ -271,6 +274,25 @@ def expire_lease(step: Step) -> None:
             "lease lapsed after the commit point: capacity held as reconciling until a "
             "final report or the ambiguity deadline",
         )
+
+
+def hand_off(step: Step) -> None:
+    """A device claim's workload pod waits behind the hand-off gate: hand it the devices.
+    The hand-off is recorded, and commits the claim, before the gate is lifted: from then
+    on the pod may bind and run between any two looks of the operator, so the claim is
+    past its commit point on a recorded fact, never on a pod that may have come and gone."""
+    entry, facts = step.entry, step.facts
+    if entry.devices is None or entry.handed_off_at is not None or facts.cancelling:
+        return
+    if facts.pod is None or not facts.pod.gated:
+        return
+    entry.handed_off_at = entry.committed_at = step.now
+    step.move(
+        ClaimPhase.COMMITTED,
+        "HandedOff",
+        f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to the "
+        "workload pod: claim committed",
+    )
 
 
 def advance_tentative(step: Step) -> None:

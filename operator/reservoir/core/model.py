@@ -437,6 +437,11 @@ class LedgerEntry(Model):
     devices: DeviceHold | None = Field(
         default=None, description="The devices held for a claim with a device resource."
     )
+    handed_off_at: datetime | None = Field(
+        default=None,
+        description="When its devices were handed to its workload pod: recorded before the "
+        "pod's scheduling gate is lifted, and the claim's commit point.",
+    )
     settlement: Settlement | None = Field(default=None, description="Set once, when settled.")
 
 

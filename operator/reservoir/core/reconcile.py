@@ -98,6 +98,9 @@ class Reconciliation:
     # uid -> device counts: claims whose devices must be held (a ResourceClaim and a
     # placeholder pod). Any other claim's ResourceClaim is to be let go.
     device_holds: dict[str, dict[str, int]] = field(default_factory=dict)
+    # uids of device claims handed to their workload pod (recorded in this ledger): the
+    # pod's gate may be lifted, and its placeholder goes once the pod holds the devices.
+    handed_off: set[str] = field(default_factory=set)
     devices_seen: Mapping[str, DeviceFacts] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
 
@@ -189,6 +192,8 @@ def _keep_or_release_devices(result: Reconciliation, uid: str, entry: LedgerEntr
     seen = result.devices_seen.get(uid)
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
+        if entry.handed_off_at is not None:
+            result.handed_off.add(uid)
         return
     if not held.released and (seen is None or not seen.allocated):
         held.released = True
@@ -428,6 +433,8 @@ def _admit_one(
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
     result.events += advance(entry, facts, policy, now, envelope.accepting(now), result.dimensions)
+    if entry.handed_off_at is not None:
+        result.handed_off.add(facts.uid)
     return blocked_by
 
 

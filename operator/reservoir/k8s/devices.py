@@ -18,11 +18,12 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.resources.core_v1 import Pod
+from lightkube.types import PatchType
 
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.model import API_GROUP, API_VERSION, DEVICE_CLASSES
 from reservoir.k8s import facts as read
-from reservoir.k8s.resources import ENVELOPE_LABEL
+from reservoir.k8s.resources import ENVELOPE_LABEL, HAND_OFF_GATE
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,15 @@ def device_facts(
     )
 
 
+def _held_by_another(rc: Mapping[str, Any], placeholder: Mapping[str, Any]) -> bool:
+    """The ResourceClaim is reserved for a pod other than the placeholder (the workload)."""
+    mine = placeholder["metadata"].get("uid")
+    users = (rc.get("status") or {}).get("reservedFor") or []
+    return bool((rc.get("status") or {}).get("allocation")) and any(
+        u.get("uid") != mine for u in users
+    )
+
+
 def _allocated_node(allocation: Mapping[str, Any], results: list[Any]) -> str | None:
     """The node a node-local allocation is on (its node selector's metadata.name)."""
     if not results:
@@ -208,9 +218,19 @@ class DeviceHolder:
         holds: Mapping[str, Mapping[str, int]],
         resource_claims: Mapping[str, Mapping[str, Any]],
         placeholders: Mapping[str, Mapping[str, Any]],
+        handed_off: Mapping[str, list[Mapping[str, Any]]] | None = None,
     ) -> None:
         """Hold what the ledger wants held (`holds`: claim uid -> device counts), let go of
-        the rest. Called only after the ledger that asks for it is durable."""
+        the rest, and complete recorded hand-offs (`handed_off`: claim uid -> its workload
+        pods): lift their gate, and delete the placeholder once a workload pod holds the
+        devices. Called only after the ledger that asks for it is durable."""
+        handed_off = handed_off or {}
+        for uid, workload in handed_off.items():
+            for pod in workload:
+                await self._lift_gate(pod)
+            rc, placeholder = resource_claims.get(uid), placeholders.get(uid)
+            if rc is not None and placeholder is not None and _held_by_another(rc, placeholder):
+                await self._delete(Pod, placeholder)
         for uid, counts in holds.items():
             claim = claims.get(uid)
             if claim is None or claim["metadata"].get("deletionTimestamp"):
@@ -220,7 +240,7 @@ class DeviceHolder:
                 problems.append(
                     await self._create(ResourceClaim, resource_claim_spec(claim, counts))
                 )
-            if uid not in placeholders:
+            if uid not in placeholders and uid not in handed_off:
                 problems.append(
                     await self._create(Pod, placeholder_spec(claim, self.priority_class))
                 )
@@ -238,6 +258,24 @@ class DeviceHolder:
                 # The API server keeps an allocated claim until no pod uses it; its
                 # disappearance is the scheduler-level confirmation that it is free.
                 await self._delete(ResourceClaim, rc)
+
+    async def _lift_gate(self, pod: Mapping[str, Any]) -> None:
+        gates = (pod.get("spec") or {}).get("schedulingGates") or []
+        if not any(g.get("name") == HAND_OFF_GATE for g in gates):
+            return
+        kept = [g for g in gates if g.get("name") != HAND_OFF_GATE]
+        meta = pod["metadata"]
+        try:
+            await self.client.patch(
+                Pod,
+                meta["name"],
+                {"spec": {"schedulingGates": kept}},
+                namespace=meta["namespace"],
+                patch_type=PatchType.MERGE,
+            )
+        except ApiError as error:
+            if error.status.code != 404:
+                log.warning("lifting the hand-off gate of %s failed: %s", meta["name"], error)
 
     async def _create(self, kind: Any, body: dict[str, Any]) -> str | None:
         """Create; None when it exists now, else the API server's refusal."""

@@ -24,7 +24,11 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
 )
 from reservoir.core.reconcile import EnvelopeFacts
-from reservoir.k8s.resources import FORCE_SETTLE_ANNOTATION, FORCE_SETTLE_GONE_ANNOTATION
+from reservoir.k8s.resources import (
+    FORCE_SETTLE_ANNOTATION,
+    FORCE_SETTLE_GONE_ANNOTATION,
+    HAND_OFF_GATE,
+)
 
 MAX_UNREADABLE_PARTS = 32
 # Fields without which the claim cannot be read at all: its identity, and the facts that
@@ -162,7 +166,12 @@ def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
         return None
     started = any((p.get("status") or {}).get("phase") in STARTED_PHASES for p in pods)
     bound = any((p.get("spec") or {}).get("nodeName") for p in pods)
-    return PodFacts(scheduled=bound or started, running=started)
+    gated = any(
+        gate.get("name") == HAND_OFF_GATE
+        for p in pods
+        for gate in (p.get("spec") or {}).get("schedulingGates") or []
+    )
+    return PodFacts(scheduled=bound or started, running=started, gated=gated)
 
 
 def claim_facts(

@@ -165,11 +165,12 @@ class LedgerWriter:
         ):
             body = lease.to_dict()
             leases[body["metadata"]["name"]] = body
-        pods = await self._workload_pods(namespace, claims)
+        has_devices = bool(DEVICE_CLASSES.keys() & envelope_facts.spec.capacity.keys())
+        pods = await self._workload_pods(namespace, claims, has_devices)
         # Listed after the claims: a ResourceClaim missing here is gone (deallocated).
         resource_claims: dict[str, dict[str, Any]] = {}
         placeholders: dict[str, dict[str, Any]] = {}
-        if DEVICE_CLASSES.keys() & envelope_facts.spec.capacity.keys():
+        if has_devices:
             resource_claims, placeholders = await self.devices.observe(namespace, name)
         claim_facts: list[ClaimFacts] = []
         invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]] = []
@@ -255,7 +256,13 @@ class LedgerWriter:
         durable = held_back & mirrored
         self._announce(namespace, klass, by_uid, [e for e in result.events if e.uid in durable])
         if resource_claims or placeholders or result.device_holds:
-            await self.devices.sync(by_uid, result.device_holds, resource_claims, placeholders)
+            await self.devices.sync(
+                by_uid,
+                result.device_holds,
+                resource_claims,
+                placeholders,
+                {uid: pods.get(by_uid[uid]["metadata"]["name"], []) for uid in result.handed_off},
+            )
         await self._delete_expired(namespace, result.expired_claims)
         return result
 
@@ -301,11 +308,13 @@ class LedgerWriter:
                     raise
 
     async def _workload_pods(
-        self, namespace: str, claims: list[dict[str, Any]]
+        self, namespace: str, claims: list[dict[str, Any]], has_devices: bool
     ) -> dict[str, list[Mapping[str, Any]]]:
         """Pods labelled with a claim's name, for claims whose commit point is a pod's
-        binding or start. Listed only when some claim has such a commit point."""
-        if all((c.get("spec") or {}).get("commitPoint", "Dispatch") == "Dispatch" for c in claims):
+        binding or start, or that hand devices over. Listed only when some claim may."""
+        if not has_devices and all(
+            (c.get("spec") or {}).get("commitPoint", "Dispatch") == "Dispatch" for c in claims
+        ):
             return {}
         pods: dict[str, list[Mapping[str, Any]]] = {}
         async for pod in self.client.list(Pod, namespace=namespace, labels={CLAIM_LABEL: None}):

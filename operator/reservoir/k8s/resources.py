@@ -18,4 +18,7 @@ WORKFLOW_CLASS_LABEL = f"{API_GROUP}/workflow-class"
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
 FORCE_SETTLE_GONE_ANNOTATION = f"{API_GROUP}/force-settle-gone"
 FINALIZER = f"{API_GROUP}/settlement"
+# A device claim's workload pod is created behind this scheduling gate; the operator lifts
+# it once the hand-off of the claim's devices is recorded.
+HAND_OFF_GATE = f"{API_GROUP}/hand-off"
 FIELD_MANAGER = "reservoir-operator"

@@ -8,6 +8,7 @@ from reservoir.sdk.errors import (
     ReservoirError,
     StaleClaimError,
 )
+from reservoir.sdk.pods import workload_pod
 from reservoir.sdk.views import ClaimView, EnvelopeView
 
 __all__ = [
@@ -20,4 +21,5 @@ __all__ = [
     "Reservoir",
     "ReservoirError",
     "StaleClaimError",
+    "workload_pod",
 ]

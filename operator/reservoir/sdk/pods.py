@@ -1,0 +1,49 @@
+"""Workload pods for claims: turn a pod of yours into the one that runs a claim's branch.
+
+For a claim with device resources (GPUs) the pod references the claim's ResourceClaim, so
+it runs on exactly the devices the claim holds, and waits behind the hand-off gate until
+the operator has recorded the hand-off (which commits the claim) and lifted it; the
+placeholder that held the devices goes once the pod holds them. Without device resources
+the pod only gets the claim's label, which the PodScheduled/PodRunning commit points read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from reservoir.core.model import DEVICE_CLASSES
+from reservoir.k8s.devices import resource_claim_name
+from reservoir.k8s.resources import CLAIM_LABEL, HAND_OFF_GATE
+from reservoir.sdk.views import ClaimView
+
+DEVICES = "reservoir-devices"  # the pod's name for the claim's ResourceClaim
+
+
+def workload_pod(claim: ClaimView, pod: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of `pod` (a core/v1 Pod manifest) that runs `claim`'s branch. Device
+    resources in the containers' requests and limits are removed: the devices come from
+    the claim, and asking for them again would book them twice."""
+    body = copy.deepcopy(dict(pod))
+    body.setdefault("apiVersion", "v1")
+    body.setdefault("kind", "Pod")
+    meta = body.setdefault("metadata", {})
+    meta.setdefault("namespace", claim.namespace)
+    meta.setdefault("labels", {})[CLAIM_LABEL] = claim.name
+    if not any(name in DEVICE_CLASSES for name in claim.spec.requests):
+        return body
+    spec = body.setdefault("spec", {})
+    spec.setdefault("resourceClaims", []).append(
+        {"name": DEVICES, "resourceClaimName": resource_claim_name(claim.uid)}
+    )
+    gates = spec.setdefault("schedulingGates", [])
+    if not any(g.get("name") == HAND_OFF_GATE for g in gates):
+        gates.append({"name": HAND_OFF_GATE})
+    for container in spec.get("containers", []):
+        resources = container.setdefault("resources", {})
+        for part in ("requests", "limits"):
+            for name in DEVICE_CLASSES:
+                (resources.get(part) or {}).pop(name, None)
+        resources.setdefault("claims", []).append({"name": DEVICES})
+    return body
