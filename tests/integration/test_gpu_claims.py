@@ -6,12 +6,17 @@ by the same devices through the DeviceClass's extended resource) cannot take the
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 from reservoir.sdk import ClaimView, Reservoir, workload_pod
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
-from tests.integration.helpers import create_envelope, eventually, wait_phase
+from tests.integration.helpers import create_envelope, events_of, eventually, wait_phase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
+from localcluster import NodeShape, gpu_node, gpu_resource_slice
 
 GPU = "nvidia.com/gpu"
 NODES = 4
@@ -193,4 +198,47 @@ def test_the_devices_are_handed_to_the_workload_pod_and_freed_only_after_it_is_g
     eventually(
         "the devices confirmed free",
         lambda: (p := sdk.get("train").status.placement) is not None and p.devices_released,
+    )
+
+
+def test_a_node_lost_under_a_committed_claim_detaches_it_with_its_devices_held(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    """The node goes, the pod garbage collector removes its pods: what the branch did is
+    unknown, so the claim is Detached with its GPUs held as reconciling, never Released."""
+    create_envelope(cluster, ns, "gpus", {GPU: "8"}, defaultLeaseSeconds=300)
+    lost = "gpu-node-3"
+    view = held(
+        sdk,
+        sdk.hold(
+            "gpus",
+            "doomed",
+            {GPU: "2"},
+            name="doomed",
+            placement={"nodeSelector": {"kubernetes.io/hostname": lost}},
+        ),
+    )
+    template = {
+        "metadata": {"name": "worker"},
+        "spec": {"containers": [{"name": "w", "image": "pause"}]},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(workload_pod(view, template)))
+    wait_phase(sdk, "doomed", "Running")
+    try:
+        cluster.kubectl("delete", "node", lost, "--wait=false")
+        detached = wait_phase(sdk, "doomed", "Detached", within=150)
+        assert detached.entry is not None
+        assert sdk.ledger("gpus").status.totals.reconciling[GPU] == 2
+        assert "WorkloadGone" in events_of(cluster, ns, "doomed")
+    finally:
+        restore_node(cluster, lost)
+
+
+def restore_node(cluster: ClusterHandle, name: str) -> None:
+    shape = NodeShape()
+    items = [gpu_node(name, shape, zone="local-1"), gpu_resource_slice(name, shape)]
+    body = {"apiVersion": "v1", "kind": "List", "items": items}
+    eventually(
+        f"{name} restored",
+        lambda: cluster.kubectl("apply", "-f", "-", input=json.dumps(body)) or True,
     )

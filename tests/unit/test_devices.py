@@ -133,3 +133,17 @@ def test_a_gated_pod_of_a_claim_without_devices_changes_nothing() -> None:
     sim = gpu_sim().create("a", {"tokens": "5"}).pod("a", gated=True).reconcile()
     assert sim.entry("a").phase is ClaimPhase.TENTATIVE
     assert sim.entry("a").handed_off_at is None
+
+
+def test_a_workload_pod_lost_after_the_hand_off_detaches_the_claim() -> None:
+    """Node loss or eviction while committed: Detached (held as reconciling), never
+    Released; a final report still settles it."""
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.pod("a", gated=True).reconcile().pod("a", scheduled=True, running=True).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.RUNNING
+    sim.no_pod("a").reconcile()
+    assert sim.entry("a").phase is ClaimPhase.DETACHED
+    assert sim.total("reconciling", GPU) == "2"
+    assert "WorkloadGone" in sim.reasons("a")
+    sim.usage("a", "0", final=True).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.CONSUMED

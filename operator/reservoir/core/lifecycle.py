@@ -317,6 +317,15 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         reason = "SettledAfterDetach" if entry.phase is ClaimPhase.DETACHED else "Completed"
         settle(step, ClaimPhase.CONSUMED, reason, dict(entry.usage), spec.outcome)
         return
+    if workload_gone(entry, facts):
+        entry.detached_at = step.now
+        step.move(
+            ClaimPhase.DETACHED,
+            "WorkloadGone",
+            "the workload pod holding the claim's devices is gone (node lost, evicted or "
+            "deleted) before a final report: capacity held as reconciling until a final "
+            "report or the ambiguity deadline",
+        )
     if facts.cancelling and not entry.cancel_requested:
         entry.cancel_requested = True
         step.note(
@@ -326,6 +335,13 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         )
     if entry.phase is ClaimPhase.DETACHED:
         apply_deadline(step, policy)
+
+
+def workload_gone(entry: LedgerEntry, facts: ClaimFacts) -> bool:
+    """A device claim handed to its workload pod whose pods are all gone: whatever it did
+    is unknown, so the claim is Detached (held), never released as if it had not run."""
+    live = entry.phase in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING)
+    return live and entry.handed_off_at is not None and facts.pod is None
 
 
 def apply_deadline(step: Step, policy: EnvelopePolicy) -> None:
