@@ -9,7 +9,7 @@ namespace=reservoir-demo
 logs="${RESERVOIR_CLUSTER_DIR:-$PWD/.cluster}/logs"
 mkdir -p "$logs"
 
-echo "== GPU nodes"
+echo "== GPU nodes (their GPUs are DRA devices: kubectl get resourceslices)"
 kubectl get nodes -L nvidia.com/gpu.product -L nvidia.com/gpu.count
 echo
 echo "== CRDs"
@@ -32,8 +32,15 @@ echo "== the example workflow (examples/agent_workflow.py)"
 python examples/agent_workflow.py --namespace "$namespace"
 
 echo
+echo "== a GPU branch (examples/gpu_branch.py)"
+python examples/gpu_branch.py --namespace "$namespace"
+
+echo
 echo "== kubectl get reservoir -n $namespace"
 kubectl get reservoir -n "$namespace"
 echo
 echo "== kubectl reservoir ledger research-agent -n $namespace"
 kubectl reservoir -n "$namespace" ledger research-agent
+echo
+echo "== kubectl reservoir ledger fine-tune -n $namespace"
+kubectl reservoir -n "$namespace" ledger fine-tune

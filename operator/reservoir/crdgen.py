@@ -183,6 +183,7 @@ def claim_crd() -> dict[str, Any]:
             column("Dispatch", ".spec.dispatch", "boolean"),
             column("Cancel", ".spec.cancel", "boolean"),
             column("Node", ".status.placement.node"),
+            column("Devices-Free", ".status.placement.devicesReleased", "boolean", priority=1),
             column("Lease-Expires", ".status.lease.expiresAt"),
             column("Settled", ".status.settlement.reason", priority=1),
             column("Age", ".metadata.creationTimestamp", "date"),
