@@ -54,6 +54,9 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 GPU_DRIVER = "gpu.reservoir.dev"  # the DRA driver name the GPU ResourceSlices carry
 GPU_DEVICE_CLASS = "gpu.reservoir.dev"
 PLACEHOLDER_PRIORITY_CLASS = "reservoir-placeholder"
+# High, so that ordinary pods cannot preempt a hold (and free its devices); placeholders
+# themselves never preempt anything (preemptionPolicy Never).
+PLACEHOLDER_PRIORITY = 1_000_000
 GPU_EXTENDED_RESOURCE = "nvidia.com/gpu"  # served from the DeviceClass, not node allocatable
 AUDITED_WRITES = ["create", "update", "patch", "delete", "deletecollection"]
 
@@ -141,12 +144,12 @@ def gpu_device_class() -> dict[str, object]:
 
 def placeholder_priority_class() -> dict[str, object]:
     """The PriorityClass of the operator's placeholder pods (the Helm chart ships the same):
-    they never preempt anything, and ordinary pods (priority 0) cannot preempt them."""
+    they never preempt anything, and ordinary pods cannot preempt them."""
     return {
         "apiVersion": "scheduling.k8s.io/v1",
         "kind": "PriorityClass",
         "metadata": {"name": PLACEHOLDER_PRIORITY_CLASS},
-        "value": 0,
+        "value": PLACEHOLDER_PRIORITY,
         "preemptionPolicy": "Never",
         "globalDefault": False,
         "description": "Reservoir placeholder pods: hold devices for admitted GPU claims.",

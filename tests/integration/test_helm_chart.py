@@ -391,7 +391,7 @@ def test_install_upgrade_uninstall(
     placeholder = json.loads(
         cluster.kubectl("get", "priorityclass", f"{name}-placeholder", "-o", "json")
     )
-    assert placeholder["preemptionPolicy"] == "Never" and placeholder["value"] <= 0
+    assert placeholder["preemptionPolicy"] == "Never" and placeholder["value"] == 1_000_000
     # Two replicas (KWOK runs the pods), spread over two nodes.
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]

@@ -147,3 +147,14 @@ def test_a_workload_pod_lost_after_the_hand_off_detaches_the_claim() -> None:
     assert "WorkloadGone" in sim.reasons("a")
     sim.usage("a", "0", final=True).reconcile()
     assert sim.entry("a").phase is ClaimPhase.CONSUMED
+
+
+def test_a_hold_placed_again_after_its_placeholder_was_lost_records_the_new_devices() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a", "gpu-node-0", ("gpu-0", "gpu-1"))
+    sim.reconcile().deallocate("a").reconcile()  # preempted: the allocation went away
+    assert sim.entry("a").phase is ClaimPhase.TENTATIVE  # still held logically, placed again
+    assert sim.last is not None and sim.last.device_holds == {"a": {GPU: 2}}
+    sim.allocate("a", "gpu-node-3", ("gpu-5", "gpu-6")).reconcile()
+    held = sim.entry("a").devices
+    assert held is not None and (held.node, held.devices) == ("gpu-node-3", ["gpu-5", "gpu-6"])
+    assert sim.reasons("a").count("DevicesMoved") == 1

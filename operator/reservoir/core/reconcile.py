@@ -194,6 +194,19 @@ def _keep_or_release_devices(result: Reconciliation, uid: str, entry: LedgerEntr
         result.device_holds[uid] = device_counts(entry.reserved)
         if entry.handed_off_at is not None:
             result.handed_off.add(uid)
+        elif seen is not None and seen.held and seen.node is not None:
+            moved = (seen.node, list(seen.devices)) != (held.node, held.devices)
+            if moved:  # its placeholder was lost and the scheduler placed it again
+                held.node, held.devices = seen.node, list(seen.devices)
+                result.events.append(
+                    LedgerEvent(
+                        uid,
+                        entry.claim,
+                        "DevicesMoved",
+                        f"held again with devices {', '.join(held.devices)} on {held.node}",
+                        warning=True,
+                    )
+                )
         return
     if not held.released and (seen is None or not seen.allocated):
         held.released = True
