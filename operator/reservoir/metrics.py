@@ -144,6 +144,7 @@ class EnvelopeSnapshot:
     ambiguity_deadline_seconds: int
     oldest_finalizer: datetime | None = None
     finalizer_due: datetime | None = None  # when the earliest waiting deletion is due
+    devices: Mapping[str, int] = field(default_factory=dict)  # state -> device count
 
 
 @dataclass(eq=False)  # registries key collectors by identity
@@ -220,6 +221,13 @@ class EnvelopeGauges(Collector):
             "its lease ends or it detaches. Absent when none waits.",
             labels=ENVELOPE,
         )
+        devices = GaugeMetricFamily(
+            "reservoir_envelope_devices",
+            "Devices (GPUs) of the envelope's claims by state: held (by claims holding "
+            "capacity) and settled_occupied (settled, but the allocation is not gone yet: "
+            "its pods still use them).",
+            labels=[*ENVELOPE, "state"],
+        )
         health = GaugeMetricFamily(
             "reservoir_envelope_ledger_healthy",
             "1 when the envelope's last reconcile wrote or confirmed its ledger, 0 when the "
@@ -239,11 +247,13 @@ class EnvelopeGauges(Collector):
             deadline.add_metric(key, snap.ambiguity_deadline_seconds)
             if snap.oldest_finalizer is not None:
                 oldest.add_metric(key, snap.oldest_finalizer.timestamp())
+            for state, count in snap.devices.items():
+                devices.add_metric([*key, state], count)
             if snap.finalizer_due is not None:
                 due.add_metric(key, snap.finalizer_due.timestamp())
         for (namespace, envelope), ok in sorted(healthy.items()):
             health.add_metric([namespace, envelope], 1 if ok else 0)
-        yield from (capacity, claims, stranded, info, deadline, oldest, due, health)
+        yield from (capacity, claims, stranded, info, deadline, oldest, due, devices, health)
 
 
 envelopes = EnvelopeGauges()

@@ -4,6 +4,7 @@ count as free only once the allocation is gone. Attacked with skipped intermedia
 
 from __future__ import annotations
 
+from reservoir.core.devices import device_occupancy
 from reservoir.core.model import ClaimPhase
 from tests.unit.sim import Sim
 
@@ -158,3 +159,13 @@ def test_a_hold_placed_again_after_its_placeholder_was_lost_records_the_new_devi
     held = sim.entry("a").devices
     assert held is not None and (held.node, held.devices) == ("gpu-node-3", ["gpu-5", "gpu-6"])
     assert sim.reasons("a").count("DevicesMoved") == 1
+
+
+def test_device_occupancy_separates_held_from_settled_but_still_occupied() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").create("b", {GPU: "3"})
+    sim.allocate("b", "gpu-node-1", ("gpu-0", "gpu-1", "gpu-2")).reconcile()
+    assert device_occupancy(sim.status.entries.values()) == {"held": 4, "settled_occupied": 0}
+    sim.cancel("b").reconcile()
+    assert device_occupancy(sim.status.entries.values()) == {"held": 1, "settled_occupied": 3}
+    sim.deallocate("b").reconcile()
+    assert device_occupancy(sim.status.entries.values()) == {"held": 1, "settled_occupied": 0}

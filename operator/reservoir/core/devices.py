@@ -9,11 +9,11 @@ settlement its devices count as free only once the allocation is gone.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 
-from reservoir.core.model import DEVICE_CLASSES, MAX_DEVICES_PER_CLAIM
+from reservoir.core.model import DEVICE_CLASSES, MAX_DEVICES_PER_CLAIM, LedgerEntry
 from reservoir.core.policy import Admission
 
 
@@ -29,6 +29,21 @@ class DeviceFacts:
     @property
     def allocated(self) -> bool:
         return self.node is not None
+
+
+def device_occupancy(entries: Iterable[LedgerEntry]) -> dict[str, int]:
+    """Devices per state: `held` by claims that hold capacity, and `settled_occupied`:
+    settled claims whose devices are not free yet (their allocation is still there)."""
+    counts = {"held": 0, "settled_occupied": 0}
+    for entry in entries:
+        held = entry.devices
+        if held is None:
+            continue
+        if entry.phase.holds_capacity:
+            counts["held"] += len(held.devices)
+        elif not held.released:
+            counts["settled_occupied"] += len(held.devices)
+    return counts
 
 
 def device_counts(requests: Mapping[str, Decimal]) -> dict[str, int]:

@@ -29,6 +29,7 @@ from lightkube.types import PatchType
 from reservoir import metrics
 from reservoir.core.claimstatus import claim_status
 from reservoir.core.conditions import Desired, merge_conditions
+from reservoir.core.devices import device_occupancy
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.model import DEVICE_CLASSES, MAX_CONDITIONS, Condition
@@ -422,6 +423,7 @@ def snapshot(
         and FINALIZER in (c["metadata"].get("finalizers") or [])
     }
     policy = facts.spec.policy
+    has_devices = bool(DEVICE_CLASSES.keys() & facts.spec.capacity.keys())
     return metrics.EnvelopeSnapshot(
         workflow_class=workflow_class(envelope),
         totals=result.status.totals,
@@ -431,6 +433,7 @@ def snapshot(
         ),
         ambiguity_deadline_seconds=facts.spec.policy.ambiguity_deadline_seconds,
         oldest_finalizer=min(waiting.values(), default=None),
+        devices=device_occupancy(result.status.entries.values()) if has_devices else {},
         finalizer_due=min(
             (settlement_due(result.entry(uid), at, policy) for uid, at in waiting.items()),
             default=None,
