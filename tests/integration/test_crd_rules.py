@@ -502,6 +502,11 @@ STATELESS_EXAMPLES = [
     ("BranchClaim", "a final report needs an outcome", {"final": True}),
     ("BranchClaim", "whole numbers of devices", {"requests": {"nvidia.com/gpu": "1.5"}}),
     ("BranchClaim", "whole numbers of devices", {"requests": {"nvidia.com/gpu": "33"}}),
+    (
+        "BranchClaim",
+        "device attribute names are identifiers",
+        {"placement": {"deviceAttributes": {"product-name": "x"}}},
+    ),
     ("ReservationEnvelope", "resource names look like", {"capacity": {"tok ens!": "1"}}),
     ("ReservationEnvelope", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
 ]

@@ -242,3 +242,24 @@ def restore_node(cluster: ClusterHandle, name: str) -> None:
         f"{name} restored",
         lambda: cluster.kubectl("apply", "-f", "-", input=json.dumps(body)) or True,
     )
+
+
+def test_device_attributes_pick_the_devices_and_an_absent_product_waits(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "gpus", {GPU: "8"}, defaultLeaseSeconds=300)
+    product = {"deviceAttributes": {"productName": "NVIDIA-H100-80GB-HBM3"}}
+    view = held(sdk, sdk.hold("gpus", "h100", {GPU: "1"}, name="h100", placement=product))
+    assert view.status.placement is not None
+    spec = resource_claim(cluster, ns, view.uid)["spec"]["devices"]["requests"][0]["exactly"]
+    assert "NVIDIA-H100-80GB-HBM3" in spec["selectors"][0]["cel"]["expression"]
+
+    absent = {"deviceAttributes": {"productName": "NVIDIA-B200"}}
+    waiting = sdk.hold("gpus", "b200", {GPU: "1"}, name="b200", placement=absent)
+
+    def reason() -> str | None:
+        text = sdk.get(waiting).status.queue_reason or ""
+        return text if "AwaitingDevices" in text and "cannot allocate" in text else None
+
+    eventually("the scheduler's reason for a product no node has", reason)
+    assert sdk.get(waiting).phase.value == "Pending"

@@ -72,3 +72,23 @@ def test_plugin_resource_arguments() -> None:
 
 def test_plugin_tables_align() -> None:
     assert table([["A", "BB"], ["ccc", "d"]]).splitlines() == ["A    BB", "ccc  d"]
+
+
+def test_device_attributes_become_the_resource_claims_selector() -> None:
+    from reservoir.k8s.devices import device_selector, resource_claim_spec
+
+    claim = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"},
+        "spec": {
+            "envelope": "e",
+            "placement": {"deviceAttributes": {"productName": "NVIDIA-H100-80GB-HBM3"}},
+        },
+    }
+    body = resource_claim_spec(claim, {"nvidia.com/gpu": 2})
+    exactly = body["spec"]["devices"]["requests"][0]["exactly"]
+    assert exactly["count"] == 2 and exactly["deviceClassName"] == "gpu.reservoir.dev"
+    assert exactly["selectors"][0]["cel"]["expression"] == (
+        'device.attributes["gpu.reservoir.dev"].productName == "NVIDIA-H100-80GB-HBM3"'
+    )
+    assert body["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert " && " in device_selector("nvidia.com/gpu", {"a": "1", "b": "2"})

@@ -10,12 +10,14 @@ manifests under `crds/`.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from decimal import Decimal
 from enum import StrEnum
 from typing import Annotated, Any
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -541,8 +543,37 @@ class LeaseSettings(Model):
     )
 
 
+DEVICE_ATTRIBUTE_NAME = "^[A-Za-z][A-Za-z0-9_]{0,31}$"
+DEVICE_ATTRIBUTE_VALUE = "^[A-Za-z0-9][-A-Za-z0-9_.]{0,62}$"
+
+
+def _attribute_name(name: str) -> str:
+    if not re.fullmatch(DEVICE_ATTRIBUTE_NAME, name):
+        raise ValueError(f"device attribute names match {DEVICE_ATTRIBUTE_NAME}: {name!r}")
+    return name
+
+
 class Placement(Model):
-    """Hints for physical resources, copied onto the placeholder pod."""
+    """Hints for physical resources: the pod fields are copied onto the placeholder pod,
+    the device attributes become the ResourceClaim's selector. Read when the hold is made."""
+
+    device_attributes: dict[
+        Annotated[str, AfterValidator(_attribute_name)],
+        Annotated[str, Field(pattern=DEVICE_ATTRIBUTE_VALUE, max_length=63)],
+    ] = Field(
+        default_factory=dict,
+        description="Attributes every device must have, as exact string values: "
+        "{productName: NVIDIA-H100-80GB-HBM3}.",
+        json_schema_extra={
+            "maxProperties": 8,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, k.matches('{DEVICE_ATTRIBUTE_NAME}'))",
+                    "message": "device attribute names are identifiers of at most 32 characters",
+                }
+            ],
+        },
+    )
 
     node_selector: dict[str, Annotated[str, Field(max_length=MAX_NAME_LENGTH)]] = Field(
         default_factory=dict,

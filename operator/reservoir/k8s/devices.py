@@ -68,23 +68,35 @@ def _meta(claim: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 def resource_claim_spec(claim: Mapping[str, Any], counts: Mapping[str, int]) -> dict[str, Any]:
     """A ResourceClaim for exactly the claim's devices: one request per device resource."""
-    requests = [
-        {
-            "name": f"{REQUEST_PREFIX}-{i}",
-            "exactly": {
-                "deviceClassName": DEVICE_CLASSES[resource],
-                "allocationMode": "ExactCount",
-                "count": count,
-            },
+    wanted = ((claim["spec"].get("placement") or {}).get("deviceAttributes")) or {}
+    requests = []
+    for i, (resource, count) in enumerate(sorted(counts.items())):
+        exactly: dict[str, Any] = {
+            "deviceClassName": DEVICE_CLASSES[resource],
+            "allocationMode": "ExactCount",
+            "count": count,
         }
-        for i, (resource, count) in enumerate(sorted(counts.items()))
-    ]
+        if wanted:
+            exactly["selectors"] = [{"cel": {"expression": device_selector(resource, wanted)}}]
+        requests.append({"name": f"{REQUEST_PREFIX}-{i}", "exactly": exactly})
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
         "metadata": _meta(claim, resource_claim_name(claim["metadata"]["uid"])),
         "spec": {"devices": {"requests": requests}},
     }
+
+
+def device_selector(resource: str, attributes: Mapping[str, str]) -> str:
+    """A CEL expression: every named attribute of the device has exactly this string value.
+    Names and values are restricted by the CRD (identifiers; no quotes or backslashes), so
+    they are quoted safely; a device lacking an attribute does not match."""
+    driver = DEVICE_CLASSES[resource]
+    terms = [
+        f'device.attributes["{driver}"].{name} == "{value}"'
+        for name, value in sorted(attributes.items())
+    ]
+    return " && ".join(terms)
 
 
 def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> dict[str, Any]:
