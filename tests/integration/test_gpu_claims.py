@@ -218,6 +218,8 @@ def test_a_node_lost_under_a_committed_claim_detaches_it_with_its_devices_held(
             placement={"nodeSelector": {"kubernetes.io/hostname": lost}},
         ),
     )
+    # Dispatched first, its pod made after: the hand-off still happens (and runs it).
+    view = sdk.dispatch(view)
     template = {
         "metadata": {"name": "worker"},
         "spec": {"containers": [{"name": "w", "image": "pause"}]},

@@ -421,8 +421,9 @@ class Replay:
             if not is_claim_write(event):
                 continue
             ref = event["objectRef"]
-            key = (ref.get("namespace", ""), ref["name"])
             body = claim_after(event)
+            name = ref.get("name") or ((body or {}).get("metadata") or {}).get("name")
+            key = (ref.get("namespace", ""), str(name))
             if body == {}:  # a write whose response is no claim: the state did not change
                 continue
             self.claims.setdefault(key, []).append((index, body))
@@ -558,6 +559,9 @@ def test_no_window_in_the_api_servers_own_record(audited: AuditedCluster) -> Non
         )
     finally:
         operator.stop()
+    # What the run did, next to the audit log, for a look at a failure.
+    rounds = [{**vars(j), "handed_off_at": str(j.handed_off_at)} for j in run.rounds]
+    (cluster.local.dir / "rounds.json").write_text(json.dumps(rounds, indent=1))
     check(Replay(audit_events(cluster.local.audit_log)), run, restarts)
 
 

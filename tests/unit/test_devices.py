@@ -169,3 +169,14 @@ def test_device_occupancy_separates_held_from_settled_but_still_occupied() -> No
     assert device_occupancy(sim.status.entries.values()) == {"held": 1, "settled_occupied": 3}
     sim.deallocate("b").reconcile()
     assert device_occupancy(sim.status.entries.values()) == {"held": 1, "settled_occupied": 0}
+
+
+def test_a_dispatched_claim_hands_its_devices_off_too() -> None:
+    """Found while building the Commit policy: the hand-off ran only for Tentative claims,
+    so a branch dispatched before its workload pod existed kept its pod gated forever."""
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile().dispatch("a").reconcile()
+    assert sim.entry("a").phase is ClaimPhase.COMMITTED
+    sim.pod("a", gated=True).reconcile()
+    assert sim.entry("a").handed_off_at is not None
+    assert sim.last is not None and sim.last.handed_off == {"a"}
+    assert sim.entry("a").phase is ClaimPhase.COMMITTED

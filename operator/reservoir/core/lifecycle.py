@@ -211,8 +211,7 @@ def advance(
         return step.events
 
     record_usage(step)
-    if entry.phase is ClaimPhase.TENTATIVE:
-        hand_off(step)
+    hand_off(step)
     if entry.phase is ClaimPhase.TENTATIVE:
         advance_tentative(step)
     # After the commit-point check: a commit seen only after the lease lapsed may have
@@ -284,15 +283,17 @@ def hand_off(step: Step) -> None:
     entry, facts = step.entry, step.facts
     if entry.devices is None or entry.handed_off_at is not None or facts.cancelling:
         return
+    if entry.phase not in (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
+        return  # Detached or settled: the devices are not handed to anyone any more
     if facts.pod is None or not facts.pod.gated:
         return
-    entry.handed_off_at = entry.committed_at = step.now
-    step.move(
-        ClaimPhase.COMMITTED,
-        "HandedOff",
-        f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to the "
-        "workload pod: claim committed",
-    )
+    entry.handed_off_at = step.now
+    message = f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to"
+    if entry.phase is ClaimPhase.TENTATIVE:
+        entry.committed_at = step.now
+        step.move(ClaimPhase.COMMITTED, "HandedOff", f"{message} the workload pod: committed")
+    else:
+        step.note("HandedOff", f"{message} the workload pod")
 
 
 def advance_tentative(step: Step) -> None:
