@@ -265,3 +265,21 @@ def test_device_attributes_pick_the_devices_and_an_absent_product_waits(
 
     eventually("the scheduler's reason for a product no node has", reason)
     assert sdk.get(waiting).phase.value == "Pending"
+
+
+def test_under_the_commit_policy_a_speculative_branch_holds_no_device_until_dispatched(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(
+        cluster, ns, "gpus", {GPU: "16"}, defaultLeaseSeconds=300, physicalHold="Commit"
+    )
+    view = wait_phase(sdk, sdk.hold("gpus", "maybe", {GPU: "4"}, name="maybe"), "Tentative")
+    assert view.status.placement is None  # its logical budget only
+    assert not cluster.kubectl("get", "resourceclaims", "-n", ns, "-o", "name").strip()
+
+    sdk.dispatch(view)
+    placed = eventually(
+        "devices held once the branch is chosen",
+        lambda: (p := sdk.get("maybe").status.placement) is not None and p.node and p,
+    )
+    assert len(placed.devices) == 4

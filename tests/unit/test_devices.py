@@ -180,3 +180,25 @@ def test_a_dispatched_claim_hands_its_devices_off_too() -> None:
     assert sim.entry("a").handed_off_at is not None
     assert sim.last is not None and sim.last.handed_off == {"a"}
     assert sim.entry("a").phase is ClaimPhase.COMMITTED
+
+
+def test_under_the_commit_policy_devices_are_asked_for_only_once_the_branch_is_chosen() -> None:
+    sim = Sim({"tokens": "100", GPU: "8"}, physical_hold="Commit")
+    sim.create("a", {GPU: "2"}).create("b", {GPU: "2"}).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.TENTATIVE  # its logical budget only
+    assert sim.entry("a").devices is None
+    assert sim.last is not None and sim.last.device_holds == {}  # nothing asked of devices
+    assert sim.total("reserved", GPU) == "4"
+
+    sim.dispatch("a").reconcile()  # chosen: now the scheduler is asked
+    assert sim.last is not None and set(sim.last.device_holds) == {"a"}
+    assert sim.entry("a").devices is None  # not held until the allocation is recorded
+    sim.allocate("a", "gpu-node-1", ("gpu-2", "gpu-3")).reconcile()
+    held = sim.entry("a").devices
+    assert held is not None and held.node == "gpu-node-1"
+    assert "DevicesHeld" in sim.reasons("a")
+    sim.pod("a", gated=True).reconcile()  # then the hand-off, as under Tentative
+    assert sim.entry("a").handed_off_at is not None
+
+    sim.cancel("b").reconcile()  # pruned before it was chosen: it never touched a device
+    assert sim.entry("b").phase is ClaimPhase.RELEASED and sim.entry("b").devices is None

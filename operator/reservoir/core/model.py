@@ -208,6 +208,13 @@ class Fallback(StrEnum):
     FAIL = "Fail"
 
 
+class PhysicalHold(StrEnum):
+    """When a claim's devices are held: from admission, or only once its branch is chosen."""
+
+    TENTATIVE = "Tentative"
+    COMMIT = "Commit"
+
+
 # --- ReservationEnvelope ----------------------------------------------------------------
 
 
@@ -250,6 +257,13 @@ class EnvelopePolicy(Model):
         le=MAX_SECONDS,
         description="A claim still Pending this long after creation is Rejected "
         "(reason MaxQueueAge).",
+    )
+    physical_hold: PhysicalHold = Field(
+        default=PhysicalHold.TENTATIVE,
+        description="Tentative: a claim with device resources is admitted only once its "
+        "devices are allocated and held. Commit: a speculative branch holds only its logical "
+        "budget, and asks the scheduler for devices when it is dispatched or its workload "
+        "pod appears (it may then wait for devices).",
     )
     fallback: Fallback = Field(
         default=Fallback.WAIT,

@@ -45,10 +45,12 @@ from reservoir.core.model import (
     ClaimPhase,
     DeviceHold,
     EnvelopePhase,
+    EnvelopePolicy,
     EnvelopeState,
     EnvelopeSummary,
     Fallback,
     LedgerEntry,
+    PhysicalHold,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
@@ -138,7 +140,7 @@ def reconcile(
         result.events += advance(entry, facts, policy, now, renewals_open, dimensions)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
-        _keep_or_release_devices(result, uid, entry)
+        _keep_or_release_devices(result, uid, entry, facts, policy)
 
     # 2. Settled claims whose record moved to their own status: only late facts remain.
     for facts in facts_by_uid.values():
@@ -182,14 +184,58 @@ def reconcile(
     return result
 
 
-def _keep_or_release_devices(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
+def wants_devices_now(facts: ClaimFacts, policy: EnvelopePolicy) -> bool:
+    """A claim with device resources needs them held now: always under the Tentative
+    policy; under Commit, once its branch is chosen (dispatched, or its pod is waiting)."""
+    if not device_counts(facts.spec.requests):
+        return False
+    chosen = facts.spec.dispatch or (facts.pod is not None and facts.pod.gated)
+    return policy.physical_hold is PhysicalHold.TENTATIVE or chosen
+
+
+def _devices_at_dispatch(
+    result: Reconciliation,
+    uid: str,
+    entry: LedgerEntry,
+    facts: ClaimFacts | None,
+    policy: EnvelopePolicy,
+    seen: DeviceFacts | None,
+) -> None:
+    """Under the Commit policy an admitted claim asks for its devices once chosen, and
+    records them once the scheduler placed them (then the hand-off can follow)."""
+    if facts is None or not entry.phase.holds_capacity or entry.phase is ClaimPhase.DETACHED:
+        return
+    if not wants_devices_now(facts, policy) or facts.cancelling:
+        return
+    result.device_holds[uid] = device_counts(entry.reserved)
+    if seen is not None and seen.held and seen.node is not None:
+        entry.devices = DeviceHold(node=seen.node, devices=list(seen.devices))
+        result.events.append(
+            LedgerEvent(
+                uid,
+                entry.claim,
+                "DevicesHeld",
+                f"devices {', '.join(entry.devices.devices)} held on {entry.devices.node}",
+            )
+        )
+
+
+def _keep_or_release_devices(
+    result: Reconciliation,
+    uid: str,
+    entry: LedgerEntry,
+    facts: ClaimFacts | None = None,
+    policy: EnvelopePolicy | None = None,
+) -> None:
     """A holding claim keeps its devices held; a settled one lets them go, and records
     that they are free once its ResourceClaim's allocation is gone (the scheduler's
     confirmation, not the ledger's say-so)."""
     held = entry.devices
-    if held is None:
-        return
     seen = result.devices_seen.get(uid)
+    if held is None:
+        if policy is not None:
+            _devices_at_dispatch(result, uid, entry, facts, policy, seen)
+        return
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
         if entry.handed_off_at is not None:
@@ -403,7 +449,11 @@ def _admit_one(
     entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
     wanted = device_counts(spec.requests)
     placed = result.devices_seen.get(facts.uid)
-    if decision.admitted and wanted and (placed is None or not placed.held):
+    if (
+        decision.admitted
+        and wants_devices_now(facts, policy)
+        and (placed is None or not placed.held)
+    ):
         # Its logical room is kept while the scheduler looks for devices: the claim is
         # admitted on the recorded allocation, never reported as held before it.
         available.update(subtract(available, spec.requests))
