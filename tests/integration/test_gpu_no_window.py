@@ -503,7 +503,9 @@ def windows_of(replay: Replay, ns: str, job: Round) -> list[str]:
     if binding < start:
         return [f"{job.name}: placeholder bound before its claim was allocated"]
     last_pod = job.workload or placeholder
-    end = replay.last(deleted(last_pod))
+    # Until its deletion is asked for: a pod being deleted may stop (terminal phase, in a
+    # pod status write this log does not keep) and so let go before it is removed.
+    end = replay.first(deleted(last_pod))
     if end is None:
         return [f"{job.name}: {last_pod} never deleted"]
     allocation = replay.claim_at(key, start)["status"]["allocation"]  # type: ignore[index]

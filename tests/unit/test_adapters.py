@@ -92,3 +92,19 @@ def test_device_attributes_become_the_resource_claims_selector() -> None:
     )
     assert body["metadata"]["ownerReferences"][0]["uid"] == "u-1"
     assert " && " in device_selector("nvidia.com/gpu", {"a": "1", "b": "2"})
+
+
+def test_the_placeholder_goes_only_once_the_workload_pod_is_bound_and_reserved() -> None:
+    """Found by the no-window audit: the scheduler puts a pod in reservedFor before it
+    binds it (and takes it out if binding fails); deleting the placeholder then leaves
+    reservedFor empty, and the controller manager frees the devices."""
+    from reservoir.k8s.devices import _held_by_workload
+
+    rc = {"status": {"allocation": {"devices": {}}, "reservedFor": [{"uid": "p"}, {"uid": "w"}]}}
+    unbound = {"metadata": {"uid": "w"}, "spec": {}}
+    bound = {"metadata": {"uid": "w"}, "spec": {"nodeName": "gpu-node-0"}}
+    stranger = {"metadata": {"uid": "x"}, "spec": {"nodeName": "gpu-node-0"}}
+    assert not _held_by_workload(rc, [unbound])
+    assert not _held_by_workload(rc, [stranger])
+    assert _held_by_workload(rc, [bound])
+    assert not _held_by_workload({"status": {"reservedFor": [{"uid": "w"}]}}, [bound])

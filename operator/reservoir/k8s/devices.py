@@ -165,12 +165,15 @@ def device_facts(
     )
 
 
-def _held_by_another(rc: Mapping[str, Any], placeholder: Mapping[str, Any]) -> bool:
-    """The ResourceClaim is reserved for a pod other than the placeholder (the workload)."""
-    mine = placeholder["metadata"].get("uid")
-    users = (rc.get("status") or {}).get("reservedFor") or []
-    return bool((rc.get("status") or {}).get("allocation")) and any(
-        u.get("uid") != mine for u in users
+def _held_by_workload(rc: Mapping[str, Any], workload: list[Mapping[str, Any]]) -> bool:
+    """A workload pod is bound to a node and in the ResourceClaim's reservedFor. Being in
+    reservedFor alone is not enough: the scheduler reserves before it binds, and takes the
+    reservation back if the binding fails; the placeholder must hold until the binding."""
+    status = rc.get("status") or {}
+    users = {u.get("uid") for u in status.get("reservedFor") or []}
+    return bool(status.get("allocation")) and any(
+        (pod.get("spec") or {}).get("nodeName") and pod["metadata"].get("uid") in users
+        for pod in workload
     )
 
 
@@ -241,7 +244,7 @@ class DeviceHolder:
             for pod in workload:
                 await self._lift_gate(pod)
             rc, placeholder = resource_claims.get(uid), placeholders.get(uid)
-            if rc is not None and placeholder is not None and _held_by_another(rc, placeholder):
+            if rc is not None and placeholder is not None and _held_by_workload(rc, workload):
                 await self._delete(Pod, placeholder)
         for uid, counts in holds.items():
             claim = claims.get(uid)
