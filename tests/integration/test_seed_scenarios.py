@@ -75,16 +75,16 @@ def worked_example(cluster: ClusterHandle, ns: str, sdk: Reservoir) -> None:
     a = sdk.hold("parent", "A", {"tokens": "20"}, name="a")
     b = sdk.hold("parent", "B", {"tokens": "20"}, name="b")
     c = sdk.hold("parent", "C", {"tokens": "20"}, name="c")
-    # A short lease, which D never renews: long enough for the SDK's dispatch (it wants 2 s
-    # of lease left) on a loaded machine too.
-    d = sdk.hold("parent", "D", {"tokens": "20"}, name="d", lease_seconds=6)
-    for claim in (a, b, c, d):
+    # D is sent as it reserves (reserve and commit in one step) with a short lease that it
+    # never renews: no dispatch has to beat the lease on a loaded machine.
+    d = sdk.hold("parent", "D", {"tokens": "20"}, name="d", lease_seconds=6, dispatch=True)
+    for claim in (a, b, c):
         wait_phase(sdk, claim, "Tentative")
-    settled_ledger(sdk, "parent", reserved="80", available="20")
+    d = sdk.report_usage(sdk.get(d), {"tokens": "1"})  # D activated
+    settled_ledger(sdk, "parent", available="20")  # (D may already be Detached: held too)
 
-    d, a, b = (sdk.dispatch(sdk.get(x)) for x in (d, a, b))
+    a, b = (sdk.dispatch(sdk.get(x)) for x in (a, b))
     sdk.cancel(sdk.get(c))
-    d = sdk.report_usage(wait_phase(sdk, d, "Committed"), {"tokens": "1"})  # D activated
     sdk.finish(sdk.get(a), {"tokens": "20"})
     sdk.finish(sdk.get(b), {"tokens": "12"})
 
