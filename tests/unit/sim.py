@@ -71,11 +71,23 @@ class Sim:
         return self
 
     def pod(
-        self, name: str, scheduled: bool = False, running: bool = False, gated: bool = False
+        self,
+        name: str,
+        scheduled: bool = False,
+        running: bool = False,
+        gated: bool = False,
+        uid: str | None = None,
     ) -> Sim:
-        self.claims[name] = replace(
-            self.claims[name], pod=PodFacts(scheduled=scheduled, running=running, gated=gated)
+        """The claim's workload pod (one; `uid` names it, `<claim>-pod` by default)."""
+        uid = uid or f"{name}-pod"
+        pod = PodFacts(
+            scheduled=scheduled,
+            running=running,
+            gated=gated,
+            gated_pod=uid if gated else None,
+            uids=frozenset({uid}),
         )
+        self.claims[name] = replace(self.claims[name], pod=pod)
         return self
 
     def no_pod(self, name: str) -> Sim:

@@ -100,12 +100,12 @@ def test_non_device_claims_are_untouched() -> None:
 
 def test_the_hand_off_is_recorded_and_commits_before_the_gate_is_lifted() -> None:
     sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
-    assert sim.last is not None and sim.last.handed_off == set()
+    assert sim.last is not None and sim.last.handed_off == {}
     sim.pod("a", gated=True).reconcile()  # its workload pod waits behind our gate
     entry = sim.entry("a")
     assert entry.phase is ClaimPhase.COMMITTED and entry.handed_off_at is not None
     assert entry.committed_at == entry.handed_off_at
-    assert sim.last is not None and sim.last.handed_off == {"a"}  # the gate may go now
+    assert sim.last is not None and sim.last.handed_off == {"a": "a-pod"}  # the gate may go now
     assert sim.last.device_holds == {"a": {GPU: 2}}
     assert sim.reasons("a").count("HandedOff") == 1
     sim.pod("a", scheduled=True).reconcile()  # bound, gate gone: nothing more to record
@@ -178,7 +178,7 @@ def test_a_dispatched_claim_hands_its_devices_off_too() -> None:
     assert sim.entry("a").phase is ClaimPhase.COMMITTED
     sim.pod("a", gated=True).reconcile()
     assert sim.entry("a").handed_off_at is not None
-    assert sim.last is not None and sim.last.handed_off == {"a"}
+    assert sim.last is not None and sim.last.handed_off == {"a": "a-pod"}
     assert sim.entry("a").phase is ClaimPhase.COMMITTED
 
 
@@ -202,3 +202,14 @@ def test_under_the_commit_policy_devices_are_asked_for_only_once_the_branch_is_c
 
     sim.cancel("b").reconcile()  # pruned before it was chosen: it never touched a device
     assert sim.entry("b").phase is ClaimPhase.RELEASED and sim.entry("b").devices is None
+
+
+def test_a_replacement_pod_does_not_bring_back_the_one_handed_off() -> None:
+    """Found by the coalescing audit: the handed-off pod gone and a new gated one (a Job's
+    retry) seen in one look or two must both detach the claim: gone is about that pod."""
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.pod("a", gated=True).reconcile()
+    assert sim.entry("a").handed_off_to == "a-pod"
+    sim.pod("a", gated=True, uid="a-pod-2").reconcile()  # the first one went unseen
+    assert sim.entry("a").phase is ClaimPhase.DETACHED
+    assert sim.entry("a").handed_off_to == "a-pod"  # the new pod is not handed anything

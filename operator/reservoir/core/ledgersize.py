@@ -32,7 +32,9 @@ ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
 # a deadline action, the settlement record, late-report and overrun bookkeeping.
 GROWING_SCALARS_BYTES = 1024
 # Recorded later for a device claim: the hand-off time and that the devices are free.
-DEVICES_RELEASED_BYTES = len(',"released":true,"handedOffAt":"2026-01-01T00:00:00.000000Z"')
+DEVICES_RELEASED_BYTES = (
+    len(',"released":true,"handedOffAt":"2026-01-01T00:00:00.000000Z","handedOffTo":""') + 64
+)
 CONDITION_BYTES = 1400  # a condition at its bounds (type, reason, message, time)
 COUNTS_BYTES = 512  # claims per phase
 

@@ -63,6 +63,8 @@ class PodFacts:
     scheduled: bool = False  # bound to a node (or ran)
     running: bool = False  # started: phase Running, Succeeded or Failed
     gated: bool = False  # one still waits behind the hand-off gate for the claim's devices
+    gated_pod: str | None = None  # the UID of that pod (the oldest, if several wait)
+    uids: frozenset[str] = frozenset()  # the UIDs of the claim's workload pods that exist
 
 
 @dataclass(frozen=True)
@@ -288,6 +290,7 @@ def hand_off(step: Step) -> None:
     if facts.pod is None or not facts.pod.gated:
         return
     entry.handed_off_at = step.now
+    entry.handed_off_to = facts.pod.gated_pod
     message = f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to"
     if entry.phase is ClaimPhase.TENTATIVE:
         entry.committed_at = step.now
@@ -314,6 +317,15 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
     if entry.phase is ClaimPhase.COMMITTED and shows_execution(facts):
         entry.started_at = step.now
         step.move(ClaimPhase.RUNNING, "ExecutionStarted", "execution confirmed started")
+    # Recorded first: a cancel seen together with the final report is still a cancel asked
+    # (found by the coalescing audit: one look or two must record the same).
+    if facts.cancelling and not entry.cancel_requested:
+        entry.cancel_requested = True
+        step.note(
+            "CancelRequested",
+            "cancel requested after the commit point: capacity waits for the final usage "
+            "report or the ambiguity deadline",
+        )
     if spec.final:
         reason = "SettledAfterDetach" if entry.phase is ClaimPhase.DETACHED else "Completed"
         settle(step, ClaimPhase.CONSUMED, reason, dict(entry.usage), spec.outcome)
@@ -327,22 +339,22 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
             "deleted) before a final report: capacity held as reconciling until a final "
             "report or the ambiguity deadline",
         )
-    if facts.cancelling and not entry.cancel_requested:
-        entry.cancel_requested = True
-        step.note(
-            "CancelRequested",
-            "cancel requested after the commit point: capacity waits for the final usage "
-            "report or the ambiguity deadline",
-        )
     if entry.phase is ClaimPhase.DETACHED:
         apply_deadline(step, policy)
 
 
 def workload_gone(entry: LedgerEntry, facts: ClaimFacts) -> bool:
-    """A device claim handed to its workload pod whose pods are all gone: whatever it did
-    is unknown, so the claim is Detached (held), never released as if it had not run."""
+    """A device claim whose devices were handed to a workload pod that is gone: whatever
+    it did is unknown, so the claim is Detached (held), never released as if it had not
+    run. Gone is a lasting fact because it is about that pod's UID (found by the
+    coalescing audit: "no pod right now" is not, a replacement pod may already exist)."""
     live = entry.phase in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING)
-    return live and entry.handed_off_at is not None and facts.pod is None
+    if not live or entry.handed_off_at is None:
+        return False
+    present = facts.pod.uids if facts.pod is not None else frozenset()
+    if entry.handed_off_to is None:
+        return not present
+    return entry.handed_off_to not in present
 
 
 def apply_deadline(step: Step, policy: EnvelopePolicy) -> None:

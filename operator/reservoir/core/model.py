@@ -458,6 +458,12 @@ class LedgerEntry(Model):
         description="When its devices were handed to its workload pod: recorded before the "
         "pod's scheduling gate is lifted, and the claim's commit point.",
     )
+    handed_off_to: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The UID of the workload pod the devices were handed to: once that pod "
+        "is gone (a UID never comes back), what it did is unknown.",
+    )
     settlement: Settlement | None = Field(default=None, description="Set once, when settled.")
 
 

@@ -102,7 +102,8 @@ class Reconciliation:
     device_holds: dict[str, dict[str, int]] = field(default_factory=dict)
     # uids of device claims handed to their workload pod (recorded in this ledger): the
     # pod's gate may be lifted, and its placeholder goes once the pod holds the devices.
-    handed_off: set[str] = field(default_factory=set)
+    # (claim uid -> the UID of the pod it was handed to, "" if not recorded)
+    handed_off: dict[str, str] = field(default_factory=dict)
     devices_seen: Mapping[str, DeviceFacts] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
 
@@ -239,7 +240,7 @@ def _keep_or_release_devices(
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
         if entry.handed_off_at is not None:
-            result.handed_off.add(uid)
+            result.handed_off[uid] = entry.handed_off_to or ""
         elif seen is not None and seen.held and seen.node is not None:
             moved = (seen.node, list(seen.devices)) != (held.node, held.devices)
             if moved:  # its placeholder was lost and the scheduler placed it again
@@ -497,7 +498,7 @@ def _admit_one(
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
     result.events += advance(entry, facts, policy, now, envelope.accepting(now), result.dimensions)
     if entry.handed_off_at is not None:
-        result.handed_off.add(facts.uid)
+        result.handed_off[facts.uid] = entry.handed_off_to or ""
     return blocked_by
 
 

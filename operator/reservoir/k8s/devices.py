@@ -233,7 +233,7 @@ class DeviceHolder:
         holds: Mapping[str, Mapping[str, int]],
         resource_claims: Mapping[str, Mapping[str, Any]],
         placeholders: Mapping[str, Mapping[str, Any]],
-        handed_off: Mapping[str, list[Mapping[str, Any]]] | None = None,
+        handed_off: Mapping[str, list[Mapping[str, Any]]] | None = None,  # the recorded pod
     ) -> None:
         """Hold what the ledger wants held (`holds`: claim uid -> device counts), let go of
         the rest, and complete recorded hand-offs (`handed_off`: claim uid -> its workload

@@ -166,12 +166,22 @@ def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
         return None
     started = any((p.get("status") or {}).get("phase") in STARTED_PHASES for p in pods)
     bound = any((p.get("spec") or {}).get("nodeName") for p in pods)
-    gated = any(
-        gate.get("name") == HAND_OFF_GATE
-        for p in pods
-        for gate in (p.get("spec") or {}).get("schedulingGates") or []
+    meta = [p.get("metadata") or {} for p in pods]
+    waiting = sorted(
+        (m.get("creationTimestamp") or "", m.get("uid") or "")
+        for p, m in zip(pods, meta, strict=True)
+        if any(
+            gate.get("name") == HAND_OFF_GATE
+            for gate in (p.get("spec") or {}).get("schedulingGates") or []
+        )
     )
-    return PodFacts(scheduled=bound or started, running=started, gated=gated)
+    return PodFacts(
+        scheduled=bound or started,
+        running=started,
+        gated=bool(waiting),
+        gated_pod=waiting[0][1] if waiting else None,
+        uids=frozenset(m.get("uid") or "" for m in meta),
+    )
 
 
 def claim_facts(

@@ -262,7 +262,15 @@ class LedgerWriter:
                 result.device_holds,
                 resource_claims,
                 placeholders,
-                {uid: pods.get(by_uid[uid]["metadata"]["name"], []) for uid in result.handed_off},
+                {
+                    uid: [
+                        p
+                        for p in pods.get(by_uid[uid]["metadata"]["name"], [])
+                        if p["metadata"].get("uid") == pod_uid
+                    ]
+                    for uid, pod_uid in result.handed_off.items()
+                    if uid in by_uid
+                },
             )
         await self._delete_expired(namespace, result.expired_claims)
         return result
