@@ -283,3 +283,30 @@ def test_under_the_commit_policy_a_speculative_branch_holds_no_device_until_disp
         lambda: (p := sdk.get("maybe").status.placement) is not None and p.node and p,
     )
     assert len(placed.devices) == 4
+
+
+def test_tolerations_are_respected(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    """A tainted node takes only holds that tolerate its taint."""
+    node = "gpu-node-1"
+    taint = f"reservoir-test-{ns}=yes:NoSchedule"
+    pinned = {"nodeSelector": {"kubernetes.io/hostname": node}}
+    cluster.kubectl("taint", "node", node, taint)
+    try:
+        create_envelope(cluster, ns, "gpus", {GPU: "8"}, defaultLeaseSeconds=300)
+        refused = sdk.hold("gpus", "plain", {GPU: "1"}, name="plain", placement=pinned)
+        tolerated = {
+            **pinned,
+            "tolerations": [{"key": f"reservoir-test-{ns}", "operator": "Equal", "value": "yes"}],
+        }
+        view = held(sdk, sdk.hold("gpus", "ok", {GPU: "1"}, name="ok", placement=tolerated))
+        assert view.status.placement is not None and view.status.placement.node == node
+
+        def reason() -> str | None:
+            text = sdk.get(refused).status.queue_reason or ""
+            return text if "AwaitingDevices" in text and "taint" in text else None
+
+        eventually("the untolerating hold to wait on the taint", reason)
+    finally:
+        cluster.kubectl("taint", "node", node, f"{taint.split(':')[0]}:NoSchedule-")

@@ -14,7 +14,7 @@ audit log, replayed in the API server's order, must show:
 4. the competitor really competed (some of its pods were scheduled), and every round
    completed: the hand-off was recorded before the gate was lifted.
 
-RESERVOIR_NO_WINDOW_ROUNDS sets the number of rounds (default 100).
+RESERVOIR_NO_WINDOW_ROUNDS sets the number of rounds (default 200).
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from localcluster import start as start_component  # noqa: E402
 
 GPU = "nvidia.com/gpu"
 NODES = 4
-ROUNDS = int(os.environ.get("RESERVOIR_NO_WINDOW_ROUNDS", "100"))
+ROUNDS = int(os.environ.get("RESERVOIR_NO_WINDOW_ROUNDS", "200"))
 WORKERS = 4
 CANCEL_SHARE = 0.15  # rounds cancelled while Tentative, before any hand-off
 COMPETITORS = {"no-window-equal": 0, "no-window-higher": 1000}  # PriorityClass -> value
@@ -520,8 +520,13 @@ def windows_of(replay: Replay, ns: str, job: Round) -> list[str]:
                 f"{job.name}: placeholder deleted (event {let_go}) before its workload pod "
                 f"was bound (event {workload_bound})"
             )
+    # Effects of the deletion may be recorded before the deletion's own response: the end
+    # is when the API server received the request.
+    asked = (
+        replay.events[end].get("requestReceivedTimestamp") or replay.events[end]["stageTimestamp"]
+    )
     for at, body in history:
-        if not start <= at <= end:
+        if not start <= at <= end or replay.events[at]["stageTimestamp"] >= asked:
             continue
         when = replay.events[at]["stageTimestamp"]
         agent = replay.events[at].get("userAgent", "")[:40]

@@ -88,6 +88,7 @@ def test_device_attributes_become_the_resource_claims_selector() -> None:
     exactly = body["spec"]["devices"]["requests"][0]["exactly"]
     assert exactly["count"] == 2 and exactly["deviceClassName"] == "gpu.reservoir.dev"
     assert exactly["selectors"][0]["cel"]["expression"] == (
+        '"productName" in device.attributes["gpu.reservoir.dev"] && '
         'device.attributes["gpu.reservoir.dev"].productName == "NVIDIA-H100-80GB-HBM3"'
     )
     assert body["metadata"]["ownerReferences"][0]["uid"] == "u-1"

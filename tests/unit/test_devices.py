@@ -213,3 +213,46 @@ def test_a_replacement_pod_does_not_bring_back_the_one_handed_off() -> None:
     sim.pod("a", gated=True, uid="a-pod-2").reconcile()  # the first one went unseen
     assert sim.entry("a").phase is ClaimPhase.DETACHED
     assert sim.entry("a").handed_off_to == "a-pod"  # the new pod is not handed anything
+
+
+def test_a_settled_gpu_claim_deleted_before_its_devices_freed_still_leaves_the_ledger() -> None:
+    """Found by review: such an entry was never marked free nor compacted, and 512 of them
+    wedged the envelope."""
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.cancel("a").reconcile().remove("a").reconcile()
+    assert "a" in sim.status.entries  # its devices may still be in use
+    sim.deallocate("a").reconcile()
+    assert "a" not in sim.status.entries
+
+
+def test_nothing_is_handed_off_after_the_lease_lapsed() -> None:
+    """Found by review: the hand-off ran before the lease check and committed a claim
+    whose lease had lapsed, so it was Detached and charged instead of Expired."""
+    sim = gpu_sim().create("a", {GPU: "2"}, lease={"duration_seconds": 5})
+    sim.allocate("a").reconcile().pod("a", gated=True).tick(30).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.EXPIRED
+    assert sim.entry("a").handed_off_at is None
+
+
+def test_only_devices_held_now_are_handed_off() -> None:
+    """Found by review: a hold lost (placeholder preempted) and a gated pod seen in the same
+    look got the hand-off, and its gate lifted, with nothing holding the devices."""
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.deallocate("a").pod("a", gated=True).reconcile()
+    assert sim.entry("a").handed_off_at is None and sim.entry("a").phase is ClaimPhase.TENTATIVE
+    sim.allocate("a", "gpu-node-2", ("gpu-4", "gpu-5")).reconcile()  # placed again: recorded
+    sim.reconcile()
+    assert sim.entry("a").handed_off_at is not None
+    assert sim.entry("a").devices.node == "gpu-node-2"  # type: ignore[union-attr]
+
+
+def test_claims_waiting_for_devices_count_against_the_caps() -> None:
+    """Found by review: with maxActiveClaims 1, all four GPU claims got placeholders (real
+    devices allocated), and whichever bound first was admitted, whatever its priority."""
+    sim = Sim({"tokens": "100", GPU: "8"}, max_active_claims=1)
+    sim.create("low", {GPU: "1"}, priority=-5).create("high", {GPU: "1"}, priority=100)
+    sim.create("c", {GPU: "1"}).create("d", {GPU: "1"}).reconcile()
+    assert sim.last is not None and set(sim.last.device_holds) == {"high"}
+    sim.allocate("low").reconcile()  # a stale placement of the low one changes nothing
+    assert sim.phase("low") is ClaimPhase.PENDING
+    assert sim.last is not None and set(sim.last.device_holds) == {"high"}

@@ -18,7 +18,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from reservoir.core.model import (
+    DEVICE_CLASSES,
     MAX_CONDITIONS,
+    MAX_DEVICE_NAME_LENGTH,
+    MAX_NAME_LENGTH,
     SUMMARY_LENGTH,
     LedgerEntry,
     ReservationEnvelopeStatus,
@@ -37,6 +40,16 @@ DEVICES_RELEASED_BYTES = (
 )
 CONDITION_BYTES = 1400  # a condition at its bounds (type, reason, message, time)
 COUNTS_BYTES = 512  # claims per phase
+
+
+def device_record_bytes(count: int) -> int:
+    """The most a DeviceHold of `count` devices takes: node name and device names at their
+    longest, quoted, with the keys."""
+    return (
+        len(',"devices":{"node":"","devices":[],"released":false}')
+        + MAX_NAME_LENGTH
+        + (count * (MAX_DEVICE_NAME_LENGTH + 3))
+    )
 
 
 def map_bytes(dimensions: Iterable[str]) -> int:
@@ -58,8 +71,11 @@ def entry_bytes(entry: LedgerEntry) -> int:
 def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
     """The most this entry can ever take: its size now plus all it can still gain."""
     size = entry_bytes(entry)
-    if entry.devices is not None and not entry.devices.released:
-        size += DEVICES_RELEASED_BYTES
+    devices = sum(int(n) for name, n in entry.reserved.items() if name in DEVICE_CLASSES)
+    if devices and (entry.devices is None or not entry.devices.released):
+        # The devices it may still record (or record again, placed elsewhere), at their
+        # longest, plus the hand-off and release marks (found by review).
+        size += device_record_bytes(devices) + DEVICES_RELEASED_BYTES
     if entry.settlement is not None:
         return size + map_bytes(dimensions)  # a late report replaces the baseline's usage
     reserved = map_bytes(entry.reserved)

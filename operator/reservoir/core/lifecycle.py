@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from reservoir.core.devices import DeviceFacts
 from reservoir.core.ledger import ZERO, subtract
 from reservoir.core.model import (
     BranchClaimSpec,
@@ -83,6 +84,7 @@ class ClaimFacts:
     # once it does, the ledger may drop the entry and the claim is never admitted again.
     settled_record: LedgerEntry | None = None
     force_settle: str | None = None  # an operator's audited decision (the annotation's text)
+    devices: DeviceFacts | None = None  # what its ResourceClaim shows now, if it has one
     problem: str | None = None  # parts of the spec the operator could not read, and why
 
     @property
@@ -289,6 +291,19 @@ def hand_off(step: Step) -> None:
         return  # Detached or settled: the devices are not handed to anyone any more
     if facts.pod is None or not facts.pod.gated:
         return
+    if entry.expires_at is not None and step.now >= entry.expires_at:
+        return  # the lease lapsed first: nothing is handed over after it (found by review)
+    seen = facts.devices
+    if (
+        seen is None
+        or not seen.held
+        or (seen.node, list(seen.devices))
+        != (
+            entry.devices.node,
+            entry.devices.devices,
+        )
+    ):
+        return  # only devices held now, and the ones recorded, are handed over (review)
     entry.handed_off_at = step.now
     entry.handed_off_to = facts.pod.gated_pod
     message = f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to"

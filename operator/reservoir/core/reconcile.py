@@ -20,7 +20,7 @@ result with one compare-and-swap; on a conflict it re-reads and calls it again.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -105,6 +105,7 @@ class Reconciliation:
     # (claim uid -> the UID of the pod it was handed to, "" if not recorded)
     handed_off: dict[str, str] = field(default_factory=dict)
     devices_seen: Mapping[str, DeviceFacts] = field(default_factory=dict)
+    awaiting: list[LedgerEntry] = field(default_factory=list)  # would-be entries, this pass
     wake_at: datetime | None = None  # when to reconcile again even without new facts
 
     def entry(self, uid: str) -> LedgerEntry | None:
@@ -135,9 +136,12 @@ def reconcile(
         facts = facts_by_uid.get(uid)
         if facts is None:
             if entry.phase.terminal:
-                continue  # settled and gone: pruned below
+                # Settled and gone: pruned below, once its devices are known to be free.
+                _keep_or_release_devices(result, uid, entry)
+                continue
             facts = _gone(uid, entry, envelope)
         was_settled = entry.settlement is not None
+        facts = replace(facts, devices=result.devices_seen.get(uid))
         result.events += advance(entry, facts, policy, now, renewals_open, dimensions)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
@@ -240,7 +244,8 @@ def _keep_or_release_devices(
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
         if entry.handed_off_at is not None:
-            result.handed_off[uid] = entry.handed_off_to or ""
+            if entry.phase is not ClaimPhase.DETACHED:  # a gate is lifted only for live work
+                result.handed_off[uid] = entry.handed_off_to or ""
         elif seen is not None and seen.held and seen.node is not None:
             moved = (seen.node, list(seen.devices)) != (held.node, held.devices)
             if moved:  # its placeholder was lost and the scheduler placed it again
@@ -434,12 +439,15 @@ def _admit_one(
         return blocked_by
 
     entries = result.status.entries
-    live = [e for e in entries.values() if e.phase.holds_capacity]
+    # Claims waiting for their devices in this pass count as admitted for the caps: each
+    # has devices being allocated for it (found by review: caps were bypassed, and which
+    # placeholder bound first decided the queue order).
+    live = [e for e in entries.values() if e.phase.holds_capacity] + result.awaiting
     decision = admission(
         spec.requests,
         available,
         live,
-        len(entries),
+        len(entries) + len(result.awaiting),
         will_be_tentative=not spec.dispatch,
         policy=policy,
     )
@@ -459,6 +467,8 @@ def _admit_one(
         # admitted on the recorded allocation, never reported as held before it.
         available.update(subtract(available, spec.requests))
         result.device_holds[facts.uid] = wanted
+        result.awaiting.append(entry)
+        result.room_bytes -= projected_bytes(entry, result.dimensions)
         why = placed.waiting if placed is not None and placed.waiting else None
         result.pending[facts.uid] = Admission(
             False, "AwaitingDevices", why or "devices requested from the scheduler"

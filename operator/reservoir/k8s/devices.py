@@ -92,7 +92,9 @@ def device_selector(resource: str, attributes: Mapping[str, str]) -> str:
     Names and values are restricted by the CRD (identifiers; no quotes or backslashes), so
     they are quoted safely; a device lacking an attribute does not match."""
     driver = DEVICE_CLASSES[resource]
+    # A device without the attribute must not match (an error would abort allocation).
     terms = [
+        f'"{name}" in device.attributes["{driver}"] && '
         f'device.attributes["{driver}"].{name} == "{value}"'
         for name, value in sorted(attributes.items())
     ]
@@ -216,9 +218,15 @@ class DeviceHolder:
         """The envelope's ResourceClaims and placeholder pods, by claim UID."""
         selector: dict[str, Any] = {ENVELOPE_LABEL: envelope, CLAIM_UID_LABEL: None}
         claims: dict[str, dict[str, Any]] = {}
-        async for rc in self.client.list(ResourceClaim, namespace=namespace, labels=selector):
-            body = read.as_dict(rc)
-            claims[body["metadata"]["labels"][CLAIM_UID_LABEL]] = body
+        try:
+            async for rc in self.client.list(ResourceClaim, namespace=namespace, labels=selector):
+                body = read.as_dict(rc)
+                claims[body["metadata"]["labels"][CLAIM_UID_LABEL]] = body
+        except ApiError as error:
+            if error.status.code != 404:
+                raise
+            # No resource.k8s.io/v1 (no DRA): nothing is held; creating a ResourceClaim
+            # fails too, and that refusal is what a GPU claim waits with.
         pods: dict[str, dict[str, Any]] = {}
         async for pod in self.client.list(
             Pod, namespace=namespace, labels={**selector, PLACEHOLDER_LABEL: None}

@@ -13,6 +13,7 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
+from reservoir.core.devices import device_counts
 from reservoir.core.model import DEVICE_CLASSES
 from reservoir.k8s.devices import resource_claim_name
 from reservoir.k8s.resources import CLAIM_LABEL, HAND_OFF_GATE
@@ -31,7 +32,7 @@ def workload_pod(claim: ClaimView, pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.setdefault("metadata", {})
     meta.setdefault("namespace", claim.namespace)
     meta.setdefault("labels", {})[CLAIM_LABEL] = claim.name
-    if not any(name in DEVICE_CLASSES for name in claim.spec.requests):
+    if not device_counts(claim.spec.requests):  # "0" GPUs is no device at all (review)
         return body
     spec = body.setdefault("spec", {})
     spec.setdefault("resourceClaims", []).append(
