@@ -310,3 +310,22 @@ def test_tolerations_are_respected(
         eventually("the untolerating hold to wait on the taint", reason)
     finally:
         cluster.kubectl("taint", "node", node, f"{taint.split(':')[0]}:NoSchedule-")
+
+
+def test_under_the_commit_policy_a_chosen_branch_without_devices_says_why(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "gpus", {GPU: "8"}, defaultLeaseSeconds=300, physicalHold="Commit")
+    absent = {"deviceAttributes": {"productName": "NVIDIA-B200"}}
+    view = wait_phase(
+        sdk, sdk.hold("gpus", "b200", {GPU: "1"}, name="b200", placement=absent), "Tentative"
+    )
+    sdk.dispatch(view)
+
+    def waiting() -> str | None:
+        for condition in sdk.get("b200").status.conditions:
+            if condition.type == "DevicesHeld" and condition.status == "False":
+                return condition.message if "cannot allocate" in condition.message else None
+        return None
+
+    eventually("DevicesHeld=False with the scheduler's reason", waiting)

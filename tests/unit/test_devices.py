@@ -4,6 +4,7 @@ count as free only once the allocation is gone. Attacked with skipped intermedia
 
 from __future__ import annotations
 
+from reservoir.core.claimstatus import claim_status
 from reservoir.core.devices import device_occupancy
 from reservoir.core.model import ClaimPhase
 from tests.unit.sim import Sim
@@ -190,8 +191,13 @@ def test_under_the_commit_policy_devices_are_asked_for_only_once_the_branch_is_c
     assert sim.last is not None and sim.last.device_holds == {}  # nothing asked of devices
     assert sim.total("reserved", GPU) == "4"
 
-    sim.dispatch("a").reconcile()  # chosen: now the scheduler is asked
+    sim.dispatch("a").unschedulable("a", "0/4 nodes are available").reconcile()  # chosen
     assert sim.last is not None and set(sim.last.device_holds) == {"a"}
+    # Waiting with the scheduler's reason, shown as DevicesHeld=False on the claim.
+    assert sim.last.awaiting_devices == {"a": "0/4 nodes are available"}
+    status = claim_status(sim.entry("a"), None, None, None, sim.now, awaiting_devices="why")
+    held_condition = next(c for c in status.conditions if c.type == "DevicesHeld")
+    assert held_condition.status == "False" and held_condition.reason == "AwaitingDevices"
     assert sim.entry("a").devices is None  # not held until the allocation is recorded
     sim.allocate("a", "gpu-node-1", ("gpu-2", "gpu-3")).reconcile()
     held = sim.entry("a").devices

@@ -32,9 +32,16 @@ def claim_status(
     placement: PlacementStatus | None = None,
     deleting: bool = False,
     problem: str | None = None,
+    awaiting_devices: str | None = None,
 ) -> BranchClaimStatus:
+    """`awaiting_devices`: an admitted claim that asked for its devices (policy Commit) and
+    has none yet, with the scheduler's reason; shown as condition DevicesHeld=False."""
     previous = previous or BranchClaimStatus()
     unreadable = [Desired("InvalidSpec", True, "UnreadableSpec", problem)] if problem else []
+    if awaiting_devices is not None and entry is not None:
+        unreadable.append(Desired("DevicesHeld", False, "AwaitingDevices", awaiting_devices))
+    elif entry is not None and entry.devices is not None:
+        unreadable.append(Desired("DevicesHeld", True, "Allocated"))
     if entry is None:
         reason = pending.reason if pending else "Queued"
         message = pending.message if pending else "waiting for the operator"

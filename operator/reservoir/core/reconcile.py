@@ -106,6 +106,8 @@ class Reconciliation:
     handed_off: dict[str, str] = field(default_factory=dict)
     devices_seen: Mapping[str, DeviceFacts] = field(default_factory=dict)
     awaiting: list[LedgerEntry] = field(default_factory=list)  # would-be entries, this pass
+    # uid -> why an admitted claim that asked for its devices has none yet (policy Commit)
+    awaiting_devices: dict[str, str] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
 
     def entry(self, uid: str) -> LedgerEntry | None:
@@ -213,7 +215,10 @@ def _devices_at_dispatch(
     if not wants_devices_now(facts, policy) or facts.cancelling:
         return
     result.device_holds[uid] = device_counts(entry.reserved)
-    if seen is not None and seen.held and seen.node is not None:
+    if seen is None or not seen.held or seen.node is None:
+        why = seen.waiting if seen is not None and seen.waiting else None
+        result.awaiting_devices[uid] = why or "devices requested from the scheduler"
+    else:
         entry.devices = DeviceHold(node=seen.node, devices=list(seen.devices))
         result.events.append(
             LedgerEvent(

@@ -388,6 +388,7 @@ class LedgerWriter:
                 now,
                 deleting=deleting,
                 problem=problems.get(uid),
+                awaiting_devices=result.awaiting_devices.get(uid),
             )
             if previous is not None and wanted == previous:
                 mirrored.add(uid)
