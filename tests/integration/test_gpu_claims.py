@@ -240,10 +240,7 @@ def restore_node(cluster: ClusterHandle, name: str) -> None:
     shape = NodeShape()
     items = [gpu_node(name, shape, zone="local-1"), gpu_resource_slice(name, shape)]
     body = {"apiVersion": "v1", "kind": "List", "items": items}
-    eventually(
-        f"{name} restored",
-        lambda: cluster.kubectl("apply", "-f", "-", input=json.dumps(body)) or True,
-    )
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
 
 
 def test_device_attributes_pick_the_devices_and_an_absent_product_waits(

@@ -31,6 +31,11 @@ class DeviceFacts:
         return self.node is not None
 
 
+def has_device_resources(capacity: Mapping[str, Decimal]) -> bool:
+    """An envelope whose budget names a device resource: its claims may hold devices."""
+    return bool(DEVICE_CLASSES.keys() & capacity.keys())
+
+
 def device_occupancy(entries: Iterable[LedgerEntry]) -> dict[str, int]:
     """Devices per state: `held` by claims that hold capacity, and `settled_occupied`:
     settled claims whose devices are not free yet (their allocation is still there)."""

@@ -390,16 +390,20 @@ class Overrun(Model):
     at: datetime = Field(description="When the operator first saw it.")
 
 
+DeviceNames = list[Annotated[str, Field(max_length=MAX_DEVICE_NAME_LENGTH)]]
+
+
+def device_names(description: str) -> Any:
+    """A claim's device names, bounded like its device count."""
+    return Field(default_factory=list, max_length=MAX_DEVICES_PER_CLAIM, description=description)
+
+
 class DeviceHold(Model):
     """Devices the scheduler allocated to a claim (through its ResourceClaim), recorded
     when the claim was admitted on them."""
 
     node: str = Field(max_length=MAX_NAME_LENGTH, description="The node the devices are on.")
-    devices: list[Annotated[str, Field(max_length=MAX_DEVICE_NAME_LENGTH)]] = Field(
-        default_factory=list,
-        max_length=MAX_DEVICES_PER_CLAIM,
-        description="The allocated devices.",
-    )
+    devices: DeviceNames = device_names("The allocated devices.")
     released: bool = Field(
         default=False,
         description="The allocation is gone (the devices are free): recorded after settlement.",
@@ -794,16 +798,7 @@ class PlacementStatus(Model):
     placeholder_pod: str | None = Field(
         default=None, max_length=MAX_NAME_LENGTH, description="The placeholder pod."
     )
-    resource_claim: str | None = Field(
-        default=None,
-        max_length=MAX_NAME_LENGTH,
-        description="The ResourceClaim whose allocation holds the devices.",
-    )
-    devices: list[Annotated[str, Field(max_length=MAX_DEVICE_NAME_LENGTH)]] = Field(
-        default_factory=list,
-        max_length=MAX_DEVICES_PER_CLAIM,
-        description="The devices allocated to the claim.",
-    )
+    devices: DeviceNames = device_names("The devices allocated to the claim.")
     devices_released: bool = Field(
         default=False,
         description="After settlement: the allocation is gone, the devices are free again. "

@@ -129,7 +129,11 @@ def reconcile(
     ledger = result.status
     policy = envelope.spec.policy
     renewals_open = envelope.accepting(now)
-    facts_by_uid = {c.uid: _effective(c, envelope) for c in claims}
+    # Each claim's facts carry what its ResourceClaim shows, set once here.
+    facts_by_uid = {
+        c.uid: replace(_effective(c, envelope), devices=result.devices_seen.get(c.uid))
+        for c in claims
+    }
     committed = dict(ledger.totals.committed)
 
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
@@ -143,7 +147,6 @@ def reconcile(
                 continue
             facts = _gone(uid, entry, envelope)
         was_settled = entry.settlement is not None
-        facts = replace(facts, devices=result.devices_seen.get(uid))
         result.events += advance(entry, facts, policy, now, renewals_open, dimensions)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)

@@ -29,10 +29,10 @@ from lightkube.types import PatchType
 from reservoir import metrics
 from reservoir.core.claimstatus import claim_status
 from reservoir.core.conditions import Desired, merge_conditions
-from reservoir.core.devices import device_occupancy
+from reservoir.core.devices import device_occupancy, has_device_resources
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
-from reservoir.core.model import DEVICE_CLASSES, MAX_CONDITIONS, Condition
+from reservoir.core.model import MAX_CONDITIONS, Condition
 from reservoir.core.policy import settlement_due
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
@@ -166,7 +166,7 @@ class LedgerWriter:
         ):
             body = lease.to_dict()
             leases[body["metadata"]["name"]] = body
-        has_devices = bool(DEVICE_CLASSES.keys() & envelope_facts.spec.capacity.keys())
+        has_devices = has_device_resources(envelope_facts.spec.capacity)
         pods = await self._workload_pods(namespace, claims, has_devices)
         # Listed after the claims: a ResourceClaim missing here is gone (deallocated).
         resource_claims: dict[str, dict[str, Any]] = {}
@@ -432,7 +432,6 @@ def snapshot(
         and FINALIZER in (c["metadata"].get("finalizers") or [])
     }
     policy = facts.spec.policy
-    has_devices = bool(DEVICE_CLASSES.keys() & facts.spec.capacity.keys())
     return metrics.EnvelopeSnapshot(
         workflow_class=workflow_class(envelope),
         totals=result.status.totals,
@@ -442,7 +441,11 @@ def snapshot(
         ),
         ambiguity_deadline_seconds=facts.spec.policy.ambiguity_deadline_seconds,
         oldest_finalizer=min(waiting.values(), default=None),
-        devices=device_occupancy(result.status.entries.values()) if has_devices else {},
+        devices=(
+            device_occupancy(result.status.entries.values())
+            if has_device_resources(facts.spec.capacity)
+            else {}
+        ),
         finalizer_due=min(
             (settlement_due(result.entry(uid), at, policy) for uid, at in waiting.items()),
             default=None,
