@@ -8,7 +8,7 @@ from typing import Any
 import yaml
 
 from reservoir import crdgen
-from reservoir.core.model import DEVICE_ATTRIBUTE_VALUE
+from reservoir.core.model import DEVICE_ATTRIBUTE_VALUE, NAMESPACE_NAME
 from reservoir.core.quantity import MAX_QUANTITY, QUANTITY_PATTERN, parse_quantity
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
@@ -88,8 +88,11 @@ def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> N
         for path, node, parent, name in schema_nodes(schema):
             if "pattern" not in node:
                 continue
-            if path.endswith("deviceAttributes.*"):  # the one other grammar: attribute values
+            if path.endswith("deviceAttributes.*"):  # another grammar: attribute values
                 assert node["pattern"] == DEVICE_ATTRIBUTE_VALUE
+                continue
+            if path.endswith("spec.namespaces[]"):  # and a pool's namespace names
+                assert node["pattern"] == NAMESPACE_NAME
                 continue
             assert node["pattern"] == QUANTITY_PATTERN, f"{kind} {path}: another grammar"
             assert node.get("type") == "string", f"{kind} {path}"

@@ -4,9 +4,9 @@ For every resource dimension, at every moment any reader can observe:
 
     committed + reserved + reconciling + available == capacity
 
-`reserved` sums R over Tentative/Committed/Running entries and `reconciling` over Detached
-ones; `committed` is a running total (settled entries are pruned once their claim is gone,
-their consumption stays committed). Nothing here knows Kubernetes.
+`reserved` sums R over Tentative/Committed/Running entries and open child envelopes, and
+`reconciling` over Detached ones; `committed` is a running total (settled entries are
+pruned once their claim is gone, their consumption stays committed). Nothing here knows Kubernetes.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
-from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals
+from reservoir.core.model import ChildEntry, ChildPhase, ClaimPhase, LedgerEntry, ResourceTotals
 from reservoir.core.quantity import format_quantity
 
 ZERO = Decimal(0)
@@ -58,11 +58,14 @@ def compute_totals(
     capacity: Mapping[str, Decimal],
     committed: Mapping[str, Decimal],
     entries: Iterable[LedgerEntry],
+    children: Iterable[ChildEntry] = (),
 ) -> ResourceTotals:
-    """Totals from the capacity, the running committed total and the live entries.
+    """Totals from the capacity, the running committed total, the live entries and the
+    open child envelopes (each holds its whole capacity as one reserved line).
     Raises InvariantViolationError rather than produce a ledger that overdraws a dimension."""
     entries = list(entries)
     held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
+    held = add(held, total(c.reserved for c in children if c.phase is ChildPhase.RESERVED))
     reconciling = total(e.reserved for e in entries if _detached(e))
     dimensions = set(capacity)
     stray = (set(held) | set(reconciling) | set(committed)) - dimensions

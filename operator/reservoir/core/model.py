@@ -53,6 +53,12 @@ SUMMARY_LENGTH = 1024  # one printer-column rendering of the totals
 DEVICE_CLASSES = {"nvidia.com/gpu": "gpu.reservoir.dev"}
 MAX_DEVICES_PER_CLAIM = 32  # DRA allocates node-local devices: no node has more
 MAX_DEVICE_NAME_LENGTH = 63
+# Budgets nest (DESIGN.md §4): pool → envelope → child envelope → ...; a root envelope is at
+# depth 1. Deeper trees are refused: every level is one more settlement to wait for.
+MAX_DEPTH = 4
+# Child envelopes (or a pool's envelopes) a ledger holds at once, settled ones included.
+MAX_CHILDREN = 256
+MAX_POOL_NAMESPACES = 64
 
 Quantity = Annotated[
     Decimal,
@@ -193,6 +199,21 @@ class EnvelopePhase(StrEnum):
     EXPIRED = "Expired"
 
 
+class ChildPhase(StrEnum):
+    """A child envelope's line in its parent's ledger: its capacity held, or settled."""
+
+    RESERVED = "Reserved"
+    SETTLED = "Settled"
+
+
+class ParentKind(StrEnum):
+    """Where an envelope's capacity comes from."""
+
+    ROOT = "Root"  # its own capacity: no parent, no pool covers its namespace
+    ENVELOPE = "ReservationEnvelope"
+    POOL = "ReservationPool"
+
+
 class DeadlineAction(StrEnum):
     """What happens to a Detached claim whose outcome is still unknown at its deadline."""
 
@@ -294,23 +315,43 @@ class EnvelopePolicy(Model):
     )
 
 
+CAPACITY_RULES: tuple[JsonDict, ...] = (
+    {
+        "rule": "oldSelf.all(k, k in self && "
+        "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
+        "message": "capacity may grow but never shrink or lose a resource",
+    },
+    {
+        "rule": "self.all(k, k in oldSelf)",
+        "message": "the resources of a budget are fixed at creation: create a new one "
+        "for another resource",
+    },
+)
+
+ENVELOPE_SPEC_RULES: list[JsonValue] = [
+    {
+        "rule": "has(self.parent) == has(oldSelf.parent) && "
+        "(!has(self.parent) || self.parent == oldSelf.parent)",
+        "message": "parent is fixed at creation: create a new envelope to draw from another",
+    },
+    {
+        "rule": "!has(self.parent) || self.capacity == oldSelf.capacity",
+        "message": "a child envelope's capacity was reserved from its parent: it cannot change",
+    },
+]
+
+
 class ReservationEnvelopeSpec(Model):
     """A workflow's budget and the policy its claims are admitted under."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": ENVELOPE_SPEC_RULES})
+
     capacity: ResourceMap = resource_map(
         "The budget, per resource: {tokens: 100k, cost: '12.50', nvidia.com/gpu: 8}. "
-        "Required, with at least one resource. An amount may grow, never shrink; the set "
-        "of resources is fixed at creation (it bounds the ledger's size).",
-        {
-            "rule": "oldSelf.all(k, k in self && "
-            "quantity(self[k]).compareTo(quantity(oldSelf[k])) >= 0)",
-            "message": "capacity may grow but never shrink or lose a resource",
-        },
-        {
-            "rule": "self.all(k, k in oldSelf)",
-            "message": "the envelope's resources are fixed at creation: create a new envelope "
-            "for another resource",
-        },
+        "Required, with at least one resource. An amount may grow, never shrink (with a "
+        "parent it is fixed); the set of resources is fixed at creation (it bounds the "
+        "ledger's size).",
+        *CAPACITY_RULES,
         required=True,
     )
     state: EnvelopeState = Field(
@@ -335,6 +376,24 @@ class ReservationEnvelopeSpec(Model):
     )
     policy: EnvelopePolicy = Field(
         default_factory=EnvelopePolicy, description="Admission, lease and deadline policy."
+    )
+    parent: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="A ReservationEnvelope (same namespace) this envelope draws its capacity "
+        "from: the parent admits it like a claim (it waits Pending until the parent has "
+        "room), and when it closes its committed total stays committed in the parent and "
+        "its balance returns there. Unset: the envelope is a root, drawn from the "
+        f"ReservationPool covering its namespace if there is one. Fixed at creation; trees "
+        f"are at most {MAX_DEPTH} envelopes deep.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Order among what waits for the same parent or pool (claims and "
+        "envelopes alike): higher first, then older first.",
     )
 
 
@@ -476,7 +535,9 @@ class ResourceTotals(Model):
     committed + reserved + reconciling + available == capacity."""
 
     capacity: ResourceMap = resource_map("The envelope's budget.")
-    reserved: ResourceMap = resource_map("Held by Tentative, Committed and Running claims.")
+    reserved: ResourceMap = resource_map(
+        "Held by Tentative, Committed and Running claims, and by open child envelopes."
+    )
     committed: ResourceMap = resource_map("Consumed by settled claims (never reversed).")
     reconciling: ResourceMap = resource_map("Held by Detached claims: outcome unknown.")
     available: ResourceMap = resource_map("Free for new claims of this envelope.")
@@ -495,6 +556,49 @@ class EnvelopeSummary(Model):
         default="", max_length=SUMMARY_LENGTH, description="Committed, per resource."
     )
     live: int = Field(default=0, ge=0, description="Claims holding capacity now.")
+
+
+class ChildEntry(Model):
+    """A child envelope's line in its parent's ledger (or a root envelope's in its pool's):
+    its whole capacity is one reserved entry until it closes, then R − C returns here."""
+
+    envelope: str = Field(max_length=MAX_NAME_LENGTH, description="The child envelope's name.")
+    namespace: str = Field(
+        default="", max_length=63, description="Its namespace (in a pool's ledger)."
+    )
+    phase: ChildPhase = Field(description="Reserved (holds R here) or Settled.")
+    reserved: ResourceMap = resource_map("R: the child's capacity, held here.")
+    consumed: ResourceMap = resource_map("C: what the child committed, committed here too.")
+    released: ResourceMap = resource_map("R − C: the child's balance, returned here.")
+    reserved_at: datetime | None = Field(default=None, description="When R was reserved.")
+    settled_at: datetime | None = Field(default=None, description="When it settled here.")
+    reason: str | None = Field(
+        default=None,
+        max_length=64,
+        description="Why it settled: Closed (the child closed and returned its balance), "
+        "Withdrawn (deleted or closed before it was admitted), AdmittedElsewhere, "
+        "ForceSettled (gone, charged in full by a person's decision).",
+    )
+
+
+class ParentRecord(Model):
+    """Where this envelope's capacity comes from, recorded once when it was admitted (and
+    its settlement there, mirrored once the parent recorded it)."""
+
+    kind: ParentKind = Field(description="Root, ReservationEnvelope or ReservationPool.")
+    name: str = Field(default="", max_length=MAX_NAME_LENGTH, description="The parent's name.")
+    uid: str = Field(default="", max_length=64, description="The parent's UID.")
+    depth: int = Field(
+        default=1, ge=1, le=MAX_DEPTH, description="1 for a root; one more than its parent."
+    )
+    admitted_at: datetime | None = Field(
+        default=None,
+        description="When the parent's ledger was seen holding this envelope's capacity. "
+        "Unset: never admitted (withdrawn before).",
+    )
+    settled: ChildEntry | None = Field(
+        default=None, description="This envelope's settled line in its parent's ledger."
+    )
 
 
 class ReservationEnvelopeStatus(Model):
@@ -518,8 +622,23 @@ class ReservationEnvelopeStatus(Model):
         description="Number of claims per phase.",
         json_schema_extra={"maxProperties": 16},
     )
+    children: dict[str, ChildEntry] = Field(
+        default_factory=dict,
+        description="Child envelopes drawing on this one, keyed by UID: each holds its whole "
+        "capacity here until it settles. A settled line is compacted away once the child's "
+        "status carries it (or the child is gone).",
+        json_schema_extra={"maxProperties": MAX_CHILDREN},
+    )
+    parent: ParentRecord | None = Field(
+        default=None,
+        description="Where the capacity comes from: set when the envelope opens.",
+    )
+    queue_reason: str | None = Field(
+        default=None, max_length=1024, description="Why the envelope is still Pending."
+    )
     balance_released: ResourceMap = resource_map(
-        "The balance released to the cluster when the envelope closed or expired."
+        "The balance released when the envelope closed or expired: to its parent or pool "
+        "if it has one."
     )
     closed_at: datetime | None = Field(default=None, description="When it closed or expired.")
     conditions: list[Condition] = Field(
@@ -826,3 +945,65 @@ class BranchClaimStatus(Model):
         json_schema_extra={"maxItems": MAX_CONDITIONS},
     )
     observed_generation: int | None = Field(default=None, description="Spec generation seen.")
+
+
+# --- ReservationPool --------------------------------------------------------------------
+
+NAMESPACE_NAME = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+
+
+class ReservationPoolSpec(Model):
+    """A tenant's quota: what the root envelopes of its namespaces may hold in total."""
+
+    capacity: ResourceMap = resource_map(
+        "The tenant's budget, per resource. Every root envelope of the pool's namespaces is "
+        "admitted from it like a claim, and returns its balance here when it closes. May "
+        "grow, never shrink; the resources are fixed at creation.",
+        *CAPACITY_RULES,
+        required=True,
+    )
+    namespaces: list[Annotated[str, Field(max_length=63, pattern=NAMESPACE_NAME)]] = Field(
+        min_length=1,
+        max_length=MAX_POOL_NAMESPACES,
+        description="The namespaces whose root envelopes (those without a parent) draw from "
+        "this pool. The list may grow, never lose a namespace (an admitted envelope stays "
+        "this pool's). A namespace listed by two pools draws from the older one.",
+        json_schema_extra={
+            "x-kubernetes-list-type": "set",
+            "x-kubernetes-validations": [
+                {
+                    "rule": "oldSelf.all(n, n in self)",
+                    "message": "a pool's namespaces may grow but never lose one",
+                }
+            ],
+        },
+    )
+
+
+class ReservationPoolStatus(Model):
+    summary: EnvelopeSummary = Field(
+        default_factory=EnvelopeSummary, description="Totals rendered for `kubectl get`."
+    )
+    totals: ResourceTotals = Field(
+        default_factory=ResourceTotals,
+        description="For every resource: committed + reserved + reconciling + available == "
+        "capacity. Reserved is held by open envelopes; committed is what closed ones used.",
+    )
+    children: dict[str, ChildEntry] = Field(
+        default_factory=dict,
+        description="The envelopes drawing on this pool, keyed by UID.",
+        json_schema_extra={"maxProperties": MAX_CHILDREN},
+    )
+    counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Envelopes per phase here (Pending, Reserved, Settled).",
+        json_schema_extra={"maxProperties": 8},
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        description="Ready and other conditions.",
+        json_schema_extra={"maxItems": MAX_CONDITIONS},
+    )
+    observed_generation: int | None = Field(
+        default=None, description="The spec generation the status reflects."
+    )

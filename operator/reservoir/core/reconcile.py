@@ -24,6 +24,16 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from reservoir.core.budgets import (
+    ChildFacts,
+    ChildLedger,
+    ParentIdentity,
+    ParentView,
+    admit_child,
+    draw_record,
+    settle_children,
+    waiting_children,
+)
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
@@ -42,6 +52,7 @@ from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
     SUMMARY_LENGTH,
     BranchClaimSpec,
+    ChildPhase,
     ClaimPhase,
     DeviceHold,
     EnvelopePhase,
@@ -50,6 +61,8 @@ from reservoir.core.model import (
     EnvelopeSummary,
     Fallback,
     LedgerEntry,
+    ParentKind,
+    ParentRecord,
     PhysicalHold,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
@@ -77,6 +90,11 @@ class EnvelopeFacts:
     deleting: bool = False
     # claim name or UID -> a person's audited reason, for entries whose claim object is gone
     force_settle_gone: Mapping[str, str] = field(default_factory=dict)
+    name: str = ""
+    uid: str = ""
+    # The parent it names, or the pool covering its namespace; None: it is a root.
+    parent: ParentView | None = None
+    children: Sequence[ChildFacts] = ()  # envelopes naming this one as their parent
 
     def expired(self, now: datetime) -> bool:
         lifetime = self.spec.lifetime_seconds
@@ -84,6 +102,22 @@ class EnvelopeFacts:
 
     def accepting(self, now: datetime) -> bool:
         return not (self.deleting or self.spec.state is EnvelopeState.CLOSED or self.expired(now))
+
+    def effective(self, record: ParentRecord | None) -> EnvelopeFacts:
+        """Deleting a parent (or losing it) closes its children and cancels their claims,
+        as deleting the envelope itself would."""
+        parent = self.parent
+        admitted = record is not None and record.admitted_at is not None
+        if (
+            admitted
+            and record is not None
+            and record.kind is not ParentKind.ROOT
+            and parent is not None
+            and (parent.deleting or parent.uid != record.uid)
+            and not self.deleting
+        ):
+            return replace(self, deleting=True)
+        return self
 
 
 @dataclass
@@ -109,6 +143,8 @@ class Reconciliation:
     # uid -> why an admitted claim that asked for its devices has none yet (policy Commit)
     awaiting_devices: dict[str, str] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
+    admitted: bool = False  # its parent (or pool) holds its capacity, or it is a root
+    pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.status.entries.get(uid) or self.off_ledger.get(uid)
@@ -127,6 +163,18 @@ def reconcile(
     result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
     result.devices_seen = devices or {}
     ledger = result.status
+    # 0. Where its capacity comes from: recorded once, before any claim is admitted on it.
+    if ledger.parent is None and ledger.phase is EnvelopePhase.OPEN:
+        # Opened before budgets nested (no record): it has always been a root.
+        ledger.parent = ParentRecord(kind=ParentKind.ROOT, admitted_at=ledger.closed_at or now)
+    parent = envelope.parent
+    if parent is None and envelope.spec.parent is not None:  # named, but not found
+        parent = ParentView(ParentKind.ENVELOPE, envelope.spec.parent)
+        envelope = replace(envelope, parent=parent)
+    drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now)
+    ledger.parent, ledger.queue_reason = drawn.record, drawn.waiting
+    envelope = envelope.effective(ledger.parent)
+    result.admitted = ledger.parent is not None and ledger.parent.admitted_at is not None
     policy = envelope.spec.policy
     renewals_open = envelope.accepting(now)
     # Each claim's facts carry what its ResourceClaim shows, set once here.
@@ -163,16 +211,48 @@ def reconcile(
             result.events += events
             result.off_ledger[facts.uid] = record
 
-    # 3. Admit waiting claims in queue order.
+    # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
+    children = ChildLedger(
+        ParentIdentity(ParentKind.ENVELOPE, envelope.name, envelope.uid),
+        ledger.children,
+        now,
+        committed,
+    )
+    children_by_uid = {c.uid: c for c in envelope.children}
+    settle_children(children, children_by_uid, envelope.force_settle_gone)
+    committed = children.committed
+
+    # 3. Admit waiting claims and child envelopes in one queue order.
     waiting = [
         c for c in facts_by_uid.values() if c.uid not in ledger.entries and c.settled_record is None
     ]
-    waiting.sort(key=lambda c: QueueKey(c.spec.priority, c.created_at, c.name, c.uid).sort_key())
+    queue: list[ClaimFacts | ChildFacts] = [
+        *waiting,
+        *waiting_children(envelope.children, ledger.children),
+    ]
+    queue.sort(key=lambda item: _queue_key(item).sort_key())
     blocked_by: str | None = None
-    balance = compute_totals(envelope.spec.capacity, committed, ledger.entries.values()).available
+    balance = compute_totals(
+        envelope.spec.capacity, committed, ledger.entries.values(), ledger.children.values()
+    ).available
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
-    for facts in waiting:
-        blocked_by = _admit_one(result, envelope, facts, balance, blocked_by, now)
+    depth = ledger.parent.depth if ledger.parent is not None else 1
+    for item in queue:
+        if isinstance(item, ChildFacts):
+            if result.admitted or not envelope.accepting(now):
+                blocked_by = admit_child(
+                    children,
+                    item,
+                    balance,
+                    envelope.spec.capacity,
+                    depth,
+                    result.admitted and envelope.accepting(now),
+                    blocked_by,
+                )
+            continue
+        blocked_by = _admit_one(result, envelope, item, balance, blocked_by, now)
+    result.events += children.events
+    result.pending_children = children.pending
 
     # 4. Compact: a settled entry leaves the ledger once its claim's status carries the
     #    same record, or once the claim is gone.
@@ -184,7 +264,9 @@ def reconcile(
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
-    ledger.totals = compute_totals(envelope.spec.capacity, committed, ledger.entries.values())
+    ledger.totals = compute_totals(
+        envelope.spec.capacity, committed, ledger.entries.values(), ledger.children.values()
+    )
     _envelope_lifecycle(result, envelope, now)
     ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
     result.wake_at = min(
@@ -418,9 +500,14 @@ def _admit_one(
     if problem is not None:
         _close_unadmitted(result, facts, ClaimPhase.REJECTED, problem.reason, problem.message)
         return blocked_by
-    if not envelope.accepting(now):
+    if not envelope.accepting(now) or _withdrawn(result):
         _close_unadmitted(
             result, facts, ClaimPhase.REJECTED, "EnvelopeClosed", "the envelope admits no claims"
+        )
+        return blocked_by
+    if not result.admitted:
+        result.pending[facts.uid] = Admission(
+            False, "EnvelopePending", result.status.queue_reason or "the envelope is not open yet"
         )
         return blocked_by
     if facts.problem is not None:
@@ -527,20 +614,41 @@ def _one_line(resources: Mapping[str, Decimal]) -> str:
     return text if len(text) <= SUMMARY_LENGTH else text[: SUMMARY_LENGTH - 1] + "…"
 
 
+def _withdrawn(result: Reconciliation) -> bool:
+    """Its parent recorded that it will never hold this envelope's capacity."""
+    record = result.status.parent
+    return record is not None and record.admitted_at is None
+
+
+def _queue_key(item: ClaimFacts | ChildFacts) -> QueueKey:
+    if isinstance(item, ChildFacts):
+        return item.queue_key
+    return QueueKey(item.spec.priority, item.created_at, item.name, item.uid)
+
+
 def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: datetime) -> None:
     ledger = result.status
-    live = any(e.phase.holds_capacity for e in ledger.entries.values())
-    if envelope.accepting(now):
-        ledger.phase = EnvelopePhase.OPEN
+    live = any(e.phase.holds_capacity for e in ledger.entries.values()) or any(
+        c.phase is ChildPhase.RESERVED for c in ledger.children.values()
+    )
+    parent_gone = envelope.parent is not None and envelope.parent.gone
+    if envelope.accepting(now) and not _withdrawn(result):
+        ledger.phase = EnvelopePhase.OPEN if result.admitted else EnvelopePhase.PENDING
     else:
-        settled = not live and not result.pending
+        settled = not live and not result.pending and not result.pending_children
+        if not result.admitted and not _withdrawn(result) and not parent_gone:
+            # Never admitted, but its parent may have reserved for it since it last looked:
+            # it closes once the parent recorded the withdrawal (or the admission shows up).
+            settled = False
         if envelope.expired(now):
             ledger.phase = EnvelopePhase.EXPIRED
         else:
             ledger.phase = EnvelopePhase.CLOSED if settled else EnvelopePhase.CLOSING
         if settled and ledger.closed_at is None:
-            # Every child has settled: the remaining balance goes back to the cluster.
-            ledger.balance_released = dict(ledger.totals.available)
+            # Every child has settled: the remaining balance goes back where it came from
+            # (its parent reads it from here), or to the cluster for a root. An envelope
+            # never admitted held nothing, so it returns nothing.
+            ledger.balance_released = dict(ledger.totals.available) if result.admitted else {}
             ledger.closed_at = now
     counts: dict[str, int] = {}
     for entry in ledger.entries.values():

@@ -1,0 +1,331 @@
+"""Budgets inside budgets: a child envelope is admitted by its parent (an envelope, or the
+tenant's pool) like a claim, holds its whole capacity there as one reserved line, and when
+it closes its committed total stays committed there and its balance returns: R − C,
+upward, once.
+
+Two sides, each deciding only on recorded facts:
+
+- The parent's ledger (`settle_children`, `admit_child`): it reserves R for a waiting
+  child, settles the line once the child's own status records that it closed (its
+  `balanceReleased`, written once, never changed), and records a withdrawal for a child
+  deleted or closed before it was admitted, so that the child may go knowing no parent
+  will ever reserve for it again.
+- The child's status (`admission`): it records where its capacity comes from once it sees
+  its parent's ledger hold its line (then, and only then, it admits claims), and mirrors
+  its settled line once the parent recorded it. That record is the arbiter: a parent
+  whose child recorded another parent returns its line untouched.
+
+Nothing here knows Kubernetes: a parent is a kind, a name and a UID.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+
+from reservoir.core.ledger import ZERO, add, fits, render, subtract
+from reservoir.core.lifecycle import LedgerEvent
+from reservoir.core.model import (
+    MAX_CHILDREN,
+    MAX_DEPTH,
+    ChildEntry,
+    ChildPhase,
+    ParentKind,
+    ParentRecord,
+)
+from reservoir.core.policy import Admission, QueueKey
+
+# Open children a ledger holds at most: the rest of its MAX_CHILDREN lines stay free for
+# withdrawals and settled lines, so a deletion never waits on a ledger full of live ones.
+MAX_OPEN_CHILDREN = MAX_CHILDREN // 2
+
+
+@dataclass(frozen=True)
+class ChildFacts:
+    """What a parent reads of one child envelope: its spec and its own recorded status."""
+
+    uid: str
+    name: str
+    created_at: datetime
+    capacity: Mapping[str, Decimal]
+    namespace: str = ""
+    priority: int = 0
+    accepting: bool = True  # not closed, expired or being deleted: it may still be admitted
+    record: ParentRecord | None = None  # the child's own record of where it draws from
+    balance_released: Mapping[str, Decimal] | None = None  # set once the child has closed
+
+    @property
+    def queue_key(self) -> QueueKey:
+        return QueueKey(self.priority, self.created_at, self.name, self.uid)
+
+    @property
+    def waiting(self) -> bool:
+        """Not admitted anywhere, and not withdrawn: it waits for a parent's room."""
+        return self.record is None
+
+
+@dataclass(frozen=True)
+class ParentIdentity:
+    kind: ParentKind
+    name: str
+    uid: str
+
+
+@dataclass
+class ChildLedger:
+    """A parent's child lines being reconciled, and what the pass did to them."""
+
+    parent: ParentIdentity
+    children: dict[str, ChildEntry]
+    now: datetime
+    committed: dict[str, Decimal] = field(default_factory=dict)  # running total, updated
+    events: list[LedgerEvent] = field(default_factory=list)
+    pending: dict[str, Admission] = field(default_factory=dict)  # child uid -> why waiting
+
+    def _note(self, uid: str, entry: ChildEntry, reason: str, message: str) -> None:
+        self.events.append(LedgerEvent(uid, entry.envelope, reason, message))
+
+    def reserved(self) -> dict[str, Decimal]:
+        held: dict[str, Decimal] = {}
+        for entry in self.children.values():
+            if entry.phase is ChildPhase.RESERVED:
+                held = add(held, entry.reserved)
+        return held
+
+    def open_children(self) -> int:
+        return sum(1 for e in self.children.values() if e.phase is ChildPhase.RESERVED)
+
+
+def settle_children(
+    ledger: ChildLedger,
+    facts: Mapping[str, ChildFacts],
+    force_settle_gone: Mapping[str, str],
+) -> None:
+    """Settle every reserved child line whose child recorded its close (R − C returns,
+    C stays committed), return lines a child never drew on, and compact settled lines
+    whose child carries them or is gone."""
+    for uid, entry in list(ledger.children.items()):
+        child = facts.get(uid)
+        if entry.phase is ChildPhase.SETTLED:
+            if child is None or (child.record is not None and child.record.settled == entry):
+                del ledger.children[uid]
+            continue
+        if child is None:
+            # Gone without settling (its finalizer removed by hand): what it used is
+            # unknown, so it stays held until a person decides; then it is charged in full.
+            why = force_settle_gone.get(uid, force_settle_gone.get(entry.envelope))
+            if why is not None:
+                _settle(ledger, uid, entry, dict(entry.reserved), "ForceSettled", why)
+            continue
+        record = child.record
+        if record is None or record.admitted_at is None:
+            continue  # reserved here, not yet seen by the child: it will record it
+        if (record.kind, record.uid) != (ledger.parent.kind, ledger.parent.uid):
+            # It draws from somewhere else (found another parent first, or opened as a
+            # root): this line was never drawn on.
+            _settle(ledger, uid, entry, {}, "AdmittedElsewhere", f"it draws from {record.name}")
+            del ledger.children[uid]
+            continue
+        if child.balance_released is None:
+            continue  # still open or closing: its claims are settling inside it
+        balance = dict(child.balance_released)
+        if not _within(balance, entry.reserved):
+            ledger.events.append(
+                LedgerEvent(
+                    uid,
+                    entry.envelope,
+                    "UnreadableBalance",
+                    f"its released balance {render(balance)} is not within its reservation "
+                    f"{render(entry.reserved)}: held until it is",
+                    warning=True,
+                )
+            )
+            continue
+        consumed = {k: v - balance.get(k, ZERO) for k, v in entry.reserved.items()}
+        _settle(ledger, uid, entry, consumed, "Closed", "closed and returned its balance")
+
+
+def _within(balance: Mapping[str, Decimal], reserved: Mapping[str, Decimal]) -> bool:
+    return set(balance) <= set(reserved) and all(
+        ZERO <= amount <= reserved[name] for name, amount in balance.items()
+    )
+
+
+def _settle(
+    ledger: ChildLedger,
+    uid: str,
+    entry: ChildEntry,
+    consumed: dict[str, Decimal],
+    reason: str,
+    message: str,
+) -> None:
+    entry.phase = ChildPhase.SETTLED
+    entry.consumed = {k: v for k, v in consumed.items() if v != ZERO}
+    entry.released = {
+        k: v for k, v in subtract(entry.reserved, consumed).items() if v != ZERO or k in consumed
+    }
+    entry.settled_at = ledger.now
+    entry.reason = reason
+    ledger.committed = add(ledger.committed, entry.consumed)
+    ledger._note(
+        uid,
+        entry,
+        f"Child{reason}",
+        f"{message}: committed {render(entry.consumed) or 'nothing'}, "
+        f"returned {render(entry.released) or 'nothing'}",
+    )
+
+
+def child_problem(
+    capacity: Mapping[str, Decimal], parent_capacity: Mapping[str, Decimal], parent_depth: int
+) -> str | None:
+    """Why a child can never be admitted by this parent (shown by the child, skipped by the
+    parent), or None."""
+    unknown = sorted(set(capacity) - set(parent_capacity))
+    if unknown:
+        return f"its parent has no budget for {', '.join(unknown)}"
+    too_big = sorted(k for k, v in capacity.items() if v > parent_capacity[k])
+    if too_big:
+        return f"it asks for more than its parent's whole capacity of {', '.join(too_big)}"
+    if parent_depth + 1 > MAX_DEPTH:
+        return f"budgets nest at most {MAX_DEPTH} envelopes deep"
+    return None
+
+
+def admit_child(
+    ledger: ChildLedger,
+    child: ChildFacts,
+    available: dict[str, Decimal],
+    parent_capacity: Mapping[str, Decimal],
+    parent_depth: int,
+    parent_accepting: bool,
+    blocked_by: str | None,
+) -> str | None:
+    """Admit, withdraw or queue one waiting child. Returns the name blocking the queue;
+    `available` is the pass's running balance."""
+    if not child.accepting or not parent_accepting:
+        if len(ledger.children) < MAX_CHILDREN:
+            why = "closed or deleted" if not child.accepting else "its parent admits no more"
+            entry = ChildEntry(
+                envelope=child.name,
+                namespace=child.namespace,
+                phase=ChildPhase.SETTLED,
+                settled_at=ledger.now,
+                reason="Withdrawn",
+            )
+            ledger.children[child.uid] = entry
+            ledger._note(child.uid, entry, "ChildWithdrawn", f"never admitted: {why}")
+        return blocked_by
+    problem = child_problem(child.capacity, parent_capacity, parent_depth)
+    if problem is not None:
+        ledger.pending[child.uid] = Admission(False, "CannotAdmit", problem, permanent=True)
+        return blocked_by
+    if blocked_by is not None:
+        ledger.pending[child.uid] = Admission(
+            False, "Queued", f"queued behind {blocked_by} (priority, then age)"
+        )
+        return blocked_by
+    if ledger.open_children() >= MAX_OPEN_CHILDREN:
+        ledger.pending[child.uid] = Admission(
+            False, "MaxChildren", f"{MAX_OPEN_CHILDREN} child envelopes are open here"
+        )
+        return blocked_by
+    if not fits(child.capacity, available):
+        short = sorted(k for k, v in child.capacity.items() if v > available.get(k, ZERO))
+        ledger.pending[child.uid] = Admission(
+            False, "InsufficientCapacity", f"not enough available {', '.join(short)}"
+        )
+        return child.name
+    available.update(subtract(available, child.capacity))
+    entry = ChildEntry(
+        envelope=child.name,
+        namespace=child.namespace,
+        phase=ChildPhase.RESERVED,
+        reserved=dict(child.capacity),
+        reserved_at=ledger.now,
+    )
+    ledger.children[child.uid] = entry
+    ledger._note(child.uid, entry, "ChildReserved", f"reserved {render(entry.reserved)}")
+    return blocked_by
+
+
+# --- the child's side ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ParentView:
+    """What a child envelope sees of the parent it names (or the pool covering it)."""
+
+    kind: ParentKind
+    name: str
+    uid: str | None = None  # None: not found
+    depth: int | None = None  # the parent's recorded depth; None while it is not open
+    capacity: Mapping[str, Decimal] = field(default_factory=dict)
+    line: ChildEntry | None = None  # its ledger's line for this child
+    deleting: bool = False
+    cycle: bool = False  # following the parents leads back to this envelope
+
+    @property
+    def gone(self) -> bool:
+        return self.uid is None
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """The child's record after this pass, and why it still waits if it does."""
+
+    record: ParentRecord | None
+    waiting: str | None = None
+
+
+def draw_record(
+    record: ParentRecord | None,
+    parent: ParentView | None,
+    capacity: Mapping[str, Decimal],
+    now: datetime,
+) -> Admitted:
+    """Where this envelope draws from, recorded once: a root when it has no parent, the
+    parent's once its ledger holds the line, "withdrawn" once the parent recorded that it
+    never will. A recorded admission never changes; its settlement is mirrored once."""
+    if record is not None:
+        if (
+            record.settled is None
+            and parent is not None
+            and parent.uid == record.uid
+            and parent.line is not None
+            and parent.line.phase is ChildPhase.SETTLED
+        ):
+            return Admitted(record.model_copy(update={"settled": parent.line}))
+        return Admitted(record)
+    if parent is None:
+        return Admitted(ParentRecord(kind=ParentKind.ROOT, admitted_at=now))
+    line = parent.line
+    if parent.uid is not None and line is not None:
+        base = ParentRecord(kind=parent.kind, name=parent.name, uid=parent.uid)
+        if line.phase is ChildPhase.RESERVED:
+            depth = (parent.depth or 0) + 1
+            return Admitted(base.model_copy(update={"depth": depth, "admitted_at": now}))
+        return Admitted(base.model_copy(update={"settled": line}))  # withdrawn
+    return Admitted(None, _why_waiting(parent, capacity))
+
+
+def _why_waiting(parent: ParentView, capacity: Mapping[str, Decimal]) -> str:
+    what = f"{parent.kind.value} {parent.name}"
+    if parent.cycle:
+        return f"its parents form a cycle through {parent.name}: it can never be admitted"
+    if parent.gone:
+        return f"waiting for {what}, which does not exist"
+    if parent.depth is None:
+        return f"waiting for {what} to open"
+    problem = child_problem(capacity, parent.capacity, parent.depth)
+    if problem is not None:
+        return f"{what} cannot admit it: {problem}"
+    return f"waiting for room in {what}"
+
+
+def waiting_children(
+    children: Sequence[ChildFacts], ledger: Mapping[str, ChildEntry]
+) -> list[ChildFacts]:
+    return [c for c in children if c.uid not in ledger and c.waiting]

@@ -1,0 +1,116 @@
+"""A tenant's pool: the root envelopes of its namespaces are admitted from it like claims,
+each holding its whole capacity as one reserved line, and return R − C here when they
+close. The same child-line rules as an envelope's child envelopes (reservoir.core.budgets);
+a pool has no claims, no lifetime and no parent of its own (it is depth 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from reservoir.core.budgets import (
+    ChildFacts,
+    ChildLedger,
+    ParentIdentity,
+    admit_child,
+    settle_children,
+    waiting_children,
+)
+from reservoir.core.conditions import Desired, merge_conditions
+from reservoir.core.ledger import compute_totals, render
+from reservoir.core.lifecycle import LedgerEvent
+from reservoir.core.model import (
+    ChildPhase,
+    EnvelopeSummary,
+    ParentKind,
+    ReservationPoolSpec,
+    ReservationPoolStatus,
+)
+from reservoir.core.policy import Admission
+
+POOL_DEPTH = 0
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    spec: ReservationPoolSpec
+    name: str
+    uid: str
+    generation: int = 1
+    deleting: bool = False
+    force_settle_gone: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PoolReconciliation:
+    status: ReservationPoolStatus
+    events: list[LedgerEvent]
+    pending: dict[str, Admission]  # envelope uid -> why it waits
+
+
+def reconcile_pool(
+    pool: PoolFacts,
+    status: ReservationPoolStatus,
+    envelopes: Sequence[ChildFacts],
+    now: datetime,
+) -> PoolReconciliation:
+    """`envelopes`: the root envelopes of the pool's namespaces (those without a parent), and
+    any other envelope this pool's ledger names. A line whose envelope is missing has been
+    confirmed gone by the caller."""
+    ledger = status.model_copy(deep=True)
+    children = ChildLedger(
+        ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
+        ledger.children,
+        now,
+        dict(ledger.totals.committed),
+    )
+    settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
+    balance = compute_totals(
+        pool.spec.capacity, children.committed, (), ledger.children.values()
+    ).available
+    queue = sorted(
+        waiting_children(envelopes, ledger.children), key=lambda c: c.queue_key.sort_key()
+    )
+    blocked_by: str | None = None
+    for child in queue:
+        blocked_by = admit_child(
+            children,
+            child,
+            balance,
+            pool.spec.capacity,
+            POOL_DEPTH,
+            not pool.deleting,
+            blocked_by,
+        )
+    ledger.totals = compute_totals(
+        pool.spec.capacity, children.committed, (), ledger.children.values()
+    )
+    counts: dict[str, int] = {}
+    for entry in ledger.children.values():
+        counts[entry.phase.value] = counts.get(entry.phase.value, 0) + 1
+    if children.pending:
+        counts["Pending"] = len(children.pending)
+    ledger.counts = dict(sorted(counts.items()))
+    ledger.summary = EnvelopeSummary(
+        capacity=render(ledger.totals.capacity),
+        available=render(ledger.totals.available),
+        committed=render(ledger.totals.committed),
+        live=sum(1 for e in ledger.children.values() if e.phase is ChildPhase.RESERVED),
+    )
+    ledger.conditions = merge_conditions(
+        ledger.conditions,
+        [
+            Desired(
+                "Ready",
+                not pool.deleting,
+                "Deleting" if pool.deleting else "AdmitsEnvelopes",
+                "waiting for its envelopes to settle" if pool.deleting else "",
+            )
+        ],
+        now,
+        pool.generation,
+    )
+    ledger.observed_generation = pool.generation
+    return PoolReconciliation(ledger, children.events, children.pending)
