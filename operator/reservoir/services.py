@@ -13,6 +13,7 @@ from lightkube import AsyncClient
 from reservoir.endpoints import Health
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.ledger_writer import LedgerWriter
+from reservoir.k8s.pool_writer import PoolWriter
 from reservoir.k8s.resources import FIELD_MANAGER, ReservationEnvelope
 
 
@@ -25,6 +26,7 @@ def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) ->
 class Services:
     client: AsyncClient
     writer: LedgerWriter
+    pools: PoolWriter
     health: Health
 
     @classmethod
@@ -33,7 +35,9 @@ class Services:
         priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
         devices = DeviceHolder(client, priority_class)
         writer = LedgerWriter(client, post_event, devices=devices)
-        return cls(client=client, writer=writer, health=Health())
+        pools = PoolWriter(client, post_event, writer.poke)
+        writer.poke_pool = pools.poke
+        return cls(client=client, writer=writer, pools=pools, health=Health())
 
     async def probe_api(self) -> None:
         """The cheapest read the operator is allowed: one envelope of a watched namespace

@@ -99,6 +99,14 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["apiextensions.k8s.io"]
   resources: ["customresourcedefinitions"]
   verbs: ["list", "watch"]
+# Tenant pools (cluster-scoped): kopf watches them and patches finalizers; the pool's
+# ledger is its status, written with a PUT conditional on the resourceVersion.
+- apiGroups: ["reservoir.dev"]
+  resources: ["reservationpools"]
+  verbs: ["get", "list", "watch", "patch"]
+- apiGroups: ["reservoir.dev"]
+  resources: ["reservationpools/status"]
+  verbs: ["update", "patch"]
 {{- if .Values.watchNamespaces }}
 - apiGroups: [""]
   resources: ["namespaces"]

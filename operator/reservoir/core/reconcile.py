@@ -144,6 +144,9 @@ class Reconciliation:
     awaiting_devices: dict[str, str] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
     admitted: bool = False  # its parent (or pool) holds its capacity, or it is a root
+    # Closed, and its parent has nothing more to learn from it: settled its line, recorded
+    # a withdrawal, or is gone. Only then may the envelope object go.
+    done_upward: bool = False
     pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
 
     def entry(self, uid: str) -> LedgerEntry | None:
@@ -620,6 +623,15 @@ def _withdrawn(result: Reconciliation) -> bool:
     return record is not None and record.admitted_at is None
 
 
+def _done_upward(record: ParentRecord | None, envelope: EnvelopeFacts) -> bool:
+    parent = envelope.parent
+    if record is None:  # closed unadmitted: only once its parent is gone
+        return parent is None or parent.gone
+    if record.kind is ParentKind.ROOT or record.admitted_at is None or record.settled is not None:
+        return True
+    return parent is None or parent.uid != record.uid
+
+
 def _queue_key(item: ClaimFacts | ChildFacts) -> QueueKey:
     if isinstance(item, ChildFacts):
         return item.queue_key
@@ -650,6 +662,7 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
             # never admitted held nothing, so it returns nothing.
             ledger.balance_released = dict(ledger.totals.available) if result.admitted else {}
             ledger.closed_at = now
+    result.done_upward = ledger.closed_at is not None and _done_upward(ledger.parent, envelope)
     counts: dict[str, int] = {}
     for entry in ledger.entries.values():
         counts[entry.phase.value] = counts.get(entry.phase.value, 0) + 1

@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 
 from reservoir import metrics
-from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.core.model import API_GROUP, API_VERSION, ChildPhase
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.k8s.resources import FORCE_SETTLE_GONE_ANNOTATION
@@ -19,7 +19,7 @@ IDLE_WAKEUP_SECONDS = 30.0
 REMIND_EVERY_RETRIES = 30  # retries come every 2 s: about once a minute
 
 
-def _has_news(body: kopf.Body, **_: Any) -> bool:
+def has_news(body: kopf.Body, **_: Any) -> bool:
     """A spec the ledger has not reconciled yet (closed, grown, re-policied), or a person's
     decision about entries whose claims are gone. The ledger's own writes are no news."""
     observed = (body.get("status") or {}).get("observedGeneration")
@@ -29,7 +29,7 @@ def _has_news(body: kopf.Body, **_: Any) -> bool:
     )
 
 
-@kopf.on.event(*ENVELOPES, when=_has_news)
+@kopf.on.event(*ENVELOPES, when=has_news)
 async def wake_the_ledger(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A change to the envelope itself is a fact for its ledger, like any claim's."""
     services: Services = memo.services
@@ -82,12 +82,25 @@ async def settle_children_before_removal(
         raise kopf.TemporaryError(f"the ledger cannot move: {error}", delay=30) from None
     if result is None:
         return
-    live = [e.claim for e in result.status.entries.values() if not e.phase.terminal]
-    if live:
-        if retry == 0:  # one deletion held back, however many times it is retried
-            metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
-        message = f"waiting for {len(live)} claims to settle: {', '.join(live[:5])}"
-        if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
-            kopf.warn(body, reason="AwaitingSettlement", message=message)
-        raise kopf.TemporaryError(message, delay=2)
-    metrics.envelopes.forget(namespace, name)  # its series go with it
+    live = [f"claim {e.claim}" for e in result.status.entries.values() if not e.phase.terminal]
+    live += [
+        f"envelope {c.envelope}"
+        for c in result.status.children.values()
+        if c.phase is ChildPhase.RESERVED
+    ]
+    message = f"waiting for {len(live)} to settle: {', '.join(live[:5])}"
+    if not live and not result.done_upward:
+        # Closed, but its parent has not yet recorded the balance it returns: the record
+        # of what this envelope used must outlive it there.
+        record = result.status.parent
+        parent = record.name if record is not None and record.name else "its parent"
+        message = f"waiting for {parent} to settle this envelope's line"
+        services.writer.poke_parent(namespace, record)
+    elif not live:
+        metrics.envelopes.forget(namespace, name)  # its series go with it
+        return
+    if retry == 0:  # one deletion held back, however many times it is retried
+        metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
+    if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
+        kopf.warn(body, reason="AwaitingSettlement", message=message)
+    raise kopf.TemporaryError(message, delay=2)

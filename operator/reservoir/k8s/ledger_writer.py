@@ -16,7 +16,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
 
@@ -27,15 +27,17 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from reservoir import metrics
+from reservoir.core.budgets import ParentView
 from reservoir.core.claimstatus import claim_status
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import device_occupancy, has_device_resources
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
-from reservoir.core.model import MAX_CONDITIONS, Condition
+from reservoir.core.model import MAX_CONDITIONS, Condition, ParentKind, ParentRecord
 from reservoir.core.policy import settlement_due
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
+from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import DeviceHolder
@@ -114,6 +116,8 @@ class LedgerWriter:
         # (envelope uid, generation, reason, message): reported once, so that the report's
         # own write (a new resourceVersion) never wakes a loop of reports.
         self._reported_refusals: set[tuple[str, int, str, str]] = set()
+        # Wakes a pool's writer when one of its envelopes wrote news (set at start-up).
+        self.poke_pool: Callable[[str], None] = lambda _name: None
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
         return self._triggers.setdefault((namespace, envelope), Trigger())
@@ -154,6 +158,21 @@ class LedgerWriter:
             envelope_facts, status = read.envelope_facts(envelope)
         except read.UnreadableEnvelopeError as error:
             await self._refused(envelope, "UnreadableEnvelope", str(error))
+        # The budget tree around it: where it draws from, and the envelopes drawing on it
+        # (listed after the envelope: a child the ledger names but the list lacks is gone).
+        parent = await budgets.parent_view(
+            self.client, envelope, envelope_facts.spec, status.parent
+        )
+        children, child_bodies = await budgets.children_of(
+            self.client, namespace, name, self.clock()
+        )
+        envelope_facts = replace(
+            envelope_facts,
+            name=name,
+            uid=envelope["metadata"]["uid"],
+            parent=parent,
+            children=children,
+        )
         claims = [
             read.as_dict(c)
             async for c in self.client.list(
@@ -219,6 +238,8 @@ class LedgerWriter:
                     envelope, "WriteRefused", f"{error.status.code}: {error.status.message}"
                 )
             metrics.ledger_writes.labels(namespace, "written").inc()
+            # Its parent and children read this ledger: they have news.
+            self._poke_tree(namespace, parent, child_bodies, result)
             metrics.observe_written(
                 namespace,
                 workflow_class(envelope),
@@ -240,6 +261,7 @@ class LedgerWriter:
         uid = envelope["metadata"]["uid"]
         self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
         by_uid = {c["metadata"]["uid"]: c for c in claims}
+        by_uid.update(child_bodies)  # child-line Events go on the child envelope
         # A verdict kept off the ledger is durable only once its claim's status holds it:
         # its Events wait for that mirror, so no Event announces a decision that may be
         # taken again differently.
@@ -274,6 +296,31 @@ class LedgerWriter:
             )
         await self._delete_expired(namespace, result.expired_claims)
         return result
+
+    def poke_parent(self, namespace: str, record: ParentRecord | None) -> None:
+        """Wake the writer of the parent (envelope or pool) this envelope draws from."""
+        if record is None or record.kind is ParentKind.ROOT:
+            return
+        if record.kind is ParentKind.POOL:
+            self.poke_pool(record.name)
+        else:
+            self.poke(namespace, record.name)
+
+    def _poke_tree(
+        self,
+        namespace: str,
+        parent: ParentView | None,
+        children: Mapping[str, Mapping[str, Any]],
+        result: Reconciliation,
+    ) -> None:
+        if parent is not None and parent.kind is ParentKind.POOL:
+            self.poke_pool(parent.name)
+        elif parent is not None:
+            self.poke(namespace, parent.name)
+        names = {c["metadata"]["name"] for c in children.values()}
+        names |= {line.envelope for line in result.status.children.values()}
+        for child in names:
+            self.poke(namespace, child)
 
     async def _still_current(self, namespace: str, name: str, envelope: dict[str, Any]) -> bool:
         try:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lightkube.generic_resource import create_namespaced_resource
+from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from reservoir.core.model import API_GROUP, API_VERSION
 
@@ -10,6 +10,9 @@ ReservationEnvelope = create_namespaced_resource(
     API_GROUP, API_VERSION, "ReservationEnvelope", "reservationenvelopes"
 )
 BranchClaim = create_namespaced_resource(API_GROUP, API_VERSION, "BranchClaim", "branchclaims")
+ReservationPool = create_global_resource(
+    API_GROUP, API_VERSION, "ReservationPool", "reservationpools"
+)
 
 ENVELOPE_LABEL = f"{API_GROUP}/envelope"
 CLAIM_LABEL = f"{API_GROUP}/claim"

@@ -1,0 +1,69 @@
+"""ReservationPool: a tenant's quota, one serialized ledger writer per pool, and
+settle-before-delete, as for envelopes."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import kopf
+
+from reservoir.core.model import API_GROUP, API_VERSION, ChildPhase
+from reservoir.handlers.envelopes import IDLE_WAKEUP_SECONDS, has_news
+from reservoir.k8s.ledger_writer import LedgerStuckError
+from reservoir.services import Services
+
+POOLS = (API_GROUP, API_VERSION, "reservationpools")
+
+
+@kopf.on.event(*POOLS, when=has_news)
+async def wake_the_pool(name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A grown capacity or a new namespace may admit what waits."""
+    services: Services = memo.services
+    services.pools.poke(name)
+
+
+@kopf.daemon(*POOLS, cancellation_timeout=5.0)
+async def keep_the_pool_ledger(
+    name: str,
+    stopped: kopf.DaemonStopped,
+    memo: kopf.Memo,
+    logger: logging.Logger | logging.LoggerAdapter[Any],
+    **_: Any,
+) -> None:
+    """The pool's status is the tenant's ledger: admit root envelopes, take back what
+    closed ones return."""
+    services: Services = memo.services
+    trigger = services.pools.trigger(name)
+    while not stopped:
+        wake_in = IDLE_WAKEUP_SECONDS
+        try:
+            await services.pools.reconcile_once(name)
+        except LedgerStuckError as error:
+            logger.warning("%s", error)
+        except Exception:  # never let one bad reconcile stop the pool's writer
+            logger.exception("reconciling the pool failed; retrying")
+            wake_in = 2.0
+        await trigger.wait(wake_in)
+
+
+@kopf.on.delete(*POOLS, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
+async def settle_envelopes_before_removal(name: str, memo: kopf.Memo, **_: Any) -> None:
+    """A pool being deleted admits no more envelopes; it goes once every envelope it holds
+    has closed and returned its balance."""
+    services: Services = memo.services
+    try:
+        result = await services.pools.reconcile_once(name)
+    except LedgerStuckError as error:
+        raise kopf.TemporaryError(f"the pool's ledger cannot move: {error}", delay=30) from None
+    if result is None:
+        return
+    live = [
+        f"{c.namespace}/{c.envelope}"
+        for c in result.status.children.values()
+        if c.phase is ChildPhase.RESERVED
+    ]
+    if live:
+        raise kopf.TemporaryError(
+            f"waiting for {len(live)} envelopes to close: {', '.join(live[:5])}", delay=5
+        )

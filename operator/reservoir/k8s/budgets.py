@@ -1,0 +1,198 @@
+"""Read the budget tree around an envelope: the parent it draws from (an envelope or the
+tenant's pool) and the child envelopes drawing on it, into the core's facts.
+
+Each read is fresh from the API server, after the envelope itself, so a child the list
+lacks but a ledger names really is gone. A child or parent the operator cannot read is
+left out: a child left out is never admitted (and its line, if any, is held), a parent
+left out reads as missing (nothing is admitted on it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
+from pydantic import ValidationError
+
+from reservoir.core.budgets import ChildFacts, ParentView
+from reservoir.core.model import (
+    MAX_DEPTH,
+    ParentKind,
+    ParentRecord,
+    ReservationEnvelopeSpec,
+    ReservationEnvelopeStatus,
+    ReservationPoolSpec,
+    ReservationPoolStatus,
+)
+from reservoir.k8s.facts import as_dict, parse_time
+from reservoir.k8s.resources import ReservationEnvelope, ReservationPool
+
+
+def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts | None:
+    """What a parent reads of a child envelope; None if it cannot be read."""
+    meta = envelope["metadata"]
+    try:
+        spec = ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {})
+        status = ReservationEnvelopeStatus.model_validate(envelope.get("status") or {})
+    except ValidationError:
+        return None
+    created = parse_time(meta["creationTimestamp"])
+    lifetime = spec.lifetime_seconds
+    expired = lifetime is not None and (now - created).total_seconds() >= lifetime
+    return ChildFacts(
+        uid=meta["uid"],
+        name=meta["name"],
+        namespace=meta.get("namespace", ""),
+        created_at=created,
+        capacity=spec.capacity,
+        priority=spec.priority,
+        accepting=not (meta.get("deletionTimestamp") or spec.state.value == "Closed" or expired),
+        record=status.parent,
+        balance_released=status.balance_released if status.closed_at is not None else None,
+    )
+
+
+async def children_of(
+    client: AsyncClient, namespace: str, name: str, now: datetime
+) -> tuple[list[ChildFacts], dict[str, dict[str, Any]]]:
+    """The envelopes naming `name` as their parent: their facts, and the objects by UID."""
+    facts: list[ChildFacts] = []
+    bodies: dict[str, dict[str, Any]] = {}
+    async for child in client.list(
+        ReservationEnvelope, namespace=namespace, fields={"spec.parent": name}
+    ):
+        body = as_dict(child)
+        fact = child_facts(body, now)
+        if fact is not None:
+            facts.append(fact)
+            bodies[fact.uid] = body
+    return facts, bodies
+
+
+async def _get(client: AsyncClient, kind: Any, name: str, namespace: str | None) -> Any | None:
+    try:
+        if namespace is None:
+            return as_dict(await client.get(kind, name))
+        return as_dict(await client.get(kind, name, namespace=namespace))
+    except ApiError as error:
+        if error.status.code in (403, 404):  # missing, or pools not readable (namespaced)
+            return None
+        raise
+
+
+async def parent_view(
+    client: AsyncClient,
+    envelope: Mapping[str, Any],
+    spec: ReservationEnvelopeSpec,
+    record: ParentRecord | None,
+) -> ParentView | None:
+    """The parent this envelope draws from, or would: the one it recorded, else the one its
+    spec names, else the pool covering its namespace. None: a root."""
+    meta = envelope["metadata"]
+    namespace, uid = meta["namespace"], meta["uid"]
+    if record is not None:
+        if record.kind is ParentKind.ROOT:
+            return None
+        if record.kind is ParentKind.POOL:
+            return pool_view(await _get(client, ReservationPool, record.name, None), uid)
+        body = await _get(client, ReservationEnvelope, record.name, namespace)
+        return envelope_view(body, record.name, uid)
+    if spec.parent is not None:
+        body = await _get(client, ReservationEnvelope, spec.parent, namespace)
+        view = envelope_view(body, spec.parent, uid)
+        if view.depth is None and view.uid is not None:
+            view = ParentView(
+                **{**view.__dict__, "cycle": await _cycle(client, namespace, uid, spec.parent)}
+            )
+        return view
+    return await covering_pool(client, namespace, uid)
+
+
+def envelope_view(body: Mapping[str, Any] | None, name: str, child_uid: str) -> ParentView:
+    if body is None:
+        return ParentView(ParentKind.ENVELOPE, name)
+    try:
+        spec = ReservationEnvelopeSpec.model_validate(body.get("spec") or {})
+        status = ReservationEnvelopeStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return ParentView(ParentKind.ENVELOPE, name)
+    record = status.parent
+    opened = record is not None and record.admitted_at is not None
+    return ParentView(
+        ParentKind.ENVELOPE,
+        name,
+        uid=body["metadata"]["uid"],
+        depth=record.depth if opened and record is not None else None,
+        capacity=spec.capacity,
+        line=status.children.get(child_uid),
+        deleting=bool(body["metadata"].get("deletionTimestamp")),
+    )
+
+
+def pool_view(body: Mapping[str, Any] | None, child_uid: str, name: str = "") -> ParentView:
+    if body is None:
+        return ParentView(ParentKind.POOL, name)
+    try:
+        spec = ReservationPoolSpec.model_validate(body.get("spec") or {})
+        status = ReservationPoolStatus.model_validate(body.get("status") or {})
+    except ValidationError:
+        return ParentView(ParentKind.POOL, body["metadata"]["name"])
+    return ParentView(
+        ParentKind.POOL,
+        body["metadata"]["name"],
+        uid=body["metadata"]["uid"],
+        depth=0,
+        capacity=spec.capacity,
+        line=status.children.get(child_uid),
+        deleting=bool(body["metadata"].get("deletionTimestamp")),
+    )
+
+
+async def list_pools(client: AsyncClient) -> list[dict[str, Any]]:
+    """Every pool, oldest first; none when pools cannot be read (a namespaced install)."""
+    try:
+        pools = [as_dict(p) async for p in client.list(ReservationPool)]
+    except ApiError as error:
+        if error.status.code in (403, 404):
+            return []
+        raise
+    return sorted(pools, key=lambda p: (p["metadata"]["creationTimestamp"], p["metadata"]["name"]))
+
+
+def chosen_pool(pools: list[dict[str, Any]], namespace: str) -> dict[str, Any] | None:
+    """The pool a namespace's new root envelopes draw from: the oldest one listing it that
+    is not being deleted."""
+    for pool in pools:
+        listed = namespace in ((pool.get("spec") or {}).get("namespaces") or [])
+        if listed and not pool["metadata"].get("deletionTimestamp"):
+            return pool
+    return None
+
+
+async def covering_pool(client: AsyncClient, namespace: str, uid: str) -> ParentView | None:
+    """The pool whose ledger already holds a line for this envelope (even one being
+    deleted), else the pool its namespace draws from now; None: no pool covers it."""
+    pools = await list_pools(client)
+    for pool in pools:
+        if uid in ((pool.get("status") or {}).get("children") or {}):
+            return pool_view(pool, uid)
+    chosen = chosen_pool(pools, namespace)
+    return pool_view(chosen, uid) if chosen is not None else None
+
+
+async def _cycle(client: AsyncClient, namespace: str, uid: str, parent: str) -> bool:
+    """Whether following spec.parent from this envelope leads back to it (within the
+    deepest tree allowed: a longer chain is refused for its depth anyway)."""
+    name: str | None = parent
+    for _ in range(MAX_DEPTH + 1):
+        if name is None:
+            return False
+        body = await _get(client, ReservationEnvelope, name, namespace)
+        if body is None:
+            return False
+        if body["metadata"]["uid"] == uid:
+            return True
+        name = (body.get("spec") or {}).get("parent")
+    return False
