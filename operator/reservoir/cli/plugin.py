@@ -4,7 +4,8 @@
     kubectl reservoir dispatch|cancel|renew|get CLAIM
     kubectl reservoir usage CLAIM tokens=5k            # cumulative usage so far
     kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded
-    kubectl reservoir ledger ENVELOPE
+    kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
+    kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
     kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing
 
 Claims created by `hold` name a lease holder, and only that holder may dispatch or renew
@@ -26,12 +27,28 @@ from fractions import Fraction
 
 from lightkube import ApiError
 
-from reservoir.core.ledger import render
-from reservoir.core.model import BranchClaimStatus, LedgerEntry
+from reservoir.core.ledger import ZERO, render
+from reservoir.core.model import (
+    MAX_DEPTH,
+    BranchClaimStatus,
+    ChildEntry,
+    ChildPhase,
+    EnvelopePhase,
+    LedgerEntry,
+    ParentKind,
+    ResourceTotals,
+)
 from reservoir.core.quantity import QuantityError, format_quantity
 from reservoir.core.rightsizing import Recommendation, recommend, round_ratio
 from reservoir.k8s.resources import WORKFLOW_CLASS_LABEL
-from reservoir.sdk import ClaimView, EnvelopeView, Reservoir, ReservoirError
+from reservoir.sdk import (
+    ClaimView,
+    EnvelopeTree,
+    EnvelopeView,
+    PoolView,
+    Reservoir,
+    ReservoirError,
+)
 from reservoir.sdk.client import HOLDER_ENV
 
 
@@ -100,22 +117,76 @@ def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -
     ]
 
 
-def show_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> str:
-    """The envelope's totals and claims: its ledger entries, and the settled claims whose
-    entries were compacted out of the ledger (their record lives in their status)."""
-    status = view.status
-    totals = status.totals
-    lines = [f"envelope {view.namespace}/{view.name}: {status.phase.value}"]
-    rows = [["RESOURCE", "CAPACITY", "COMMITTED", "RESERVED", "RECONCILING", "AVAILABLE"]]
+TOTALS = ("capacity", "committed", "reserved", "reconciling", "available")
+INDENT = "  "
+
+
+def totals_table(totals: ResourceTotals) -> str:
+    """Per resource: capacity, committed, reserved, reconciling, available; and lent and
+    borrowed when the envelope has loans with siblings."""
+    if not totals.capacity:
+        return "(no totals recorded yet)"
+    parts = [*TOTALS[:-1], *(p for p in ("lent", "borrowed") if getattr(totals, p)), TOTALS[-1]]
+    rows = [["RESOURCE", *(part.upper() for part in parts)]]
     for resource in sorted(totals.capacity):
         rows.append(
             [resource]
-            + [
-                format_quantity(getattr(totals, part)[resource])
-                for part in ("capacity", "committed", "reserved", "reconciling", "available")
-            ]
+            + [format_quantity(getattr(totals, part).get(resource, ZERO)) for part in parts]
         )
-    lines += [table(rows), ""]
+    return table(rows)
+
+
+def indented(text: str, level: int) -> str:
+    return "\n".join(INDENT * level + line if line else line for line in text.split("\n"))
+
+
+def drawn_from(view: EnvelopeView) -> str | None:
+    """Where the envelope's capacity comes from, as its status records it (`spec.parent`
+    while it has no record yet)."""
+    record = view.status.parent
+    if record is None:
+        if view.parent:
+            return f"parent {ParentKind.ENVELOPE.value} {view.parent} (not admitted yet)"
+        return None
+    if record.kind is ParentKind.ROOT:
+        return f"root: its own capacity (depth {record.depth})"
+    if record.admitted_at is None:
+        return f"withdrawn from {record.kind.value} {record.name} (never admitted)"
+    return f"drawn from {record.kind.value} {record.name} (depth {record.depth})"
+
+
+def envelope_header(view: EnvelopeView) -> str:
+    """`envelope NS/NAME: PHASE, drawn from KIND NAME (depth D)`, and why it waits when
+    it is Pending."""
+    status = view.status
+    header = f"envelope {view.namespace}/{view.name}: {status.phase.value}"
+    where = drawn_from(view)
+    if where:
+        header += f", {where}"
+    if status.phase is EnvelopePhase.PENDING:
+        header += f"; queued: {status.queue_reason or 'no reason recorded yet'}"
+    return header
+
+
+def child_line(parent: str, entry: ChildEntry | None) -> str:
+    """A child envelope's line in its parent's ledger: R held, or C kept and R − C
+    returned."""
+    where = f"line in {parent}:"
+    if entry is None:
+        return f"{where} none (not admitted)"
+    if entry.phase is ChildPhase.RESERVED:
+        return f"{where} Reserved {render(entry.reserved) or '-'}"
+    return (
+        f"{where} Settled ({entry.reason or '-'}): reserved {render(entry.reserved) or '-'}, "
+        f"consumed {render(entry.consumed) or '-'}, released {render(entry.released) or '-'}"
+    )
+
+
+def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> list[str]:
+    """One envelope's header, totals and claims: its ledger entries, and the settled claims
+    whose entries were compacted out of the ledger (their record lives in their status)."""
+    status = view.status
+    lines = [envelope_header(view), totals_table(status.totals), ""]
     listed = [claim_row(e.claim, e.branch, e) for e in status.entries.values()]
     listed += [
         claim_row(c.name, c.spec.branch, c.status)
@@ -127,6 +198,66 @@ def show_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> str:
     lines.append(table(rows) if len(rows) > 1 else "(no claims in the ledger)")
     if status.balance_released:
         lines.append(f"\nbalance released at close: {render(status.balance_released)}")
+    return lines
+
+
+def tree_lines(tree: EnvelopeTree, level: int = 1) -> list[str]:
+    """The envelope's ledger, then each child envelope's (its line in this ledger first),
+    indented one step per level: at most MAX_DEPTH levels."""
+    view = tree.envelope
+    lines = envelope_ledger(view, tree.claims)
+    if level >= MAX_DEPTH or tree.children is None:
+        if view.status.children:
+            lines.append(
+                f"\n({len(view.status.children)} child envelope line(s) below the depth bound "
+                f"of {MAX_DEPTH} not shown: run `ledger` on a child)"
+            )
+        return lines
+    orphans = tree.orphan_lines()
+    if not tree.children and not orphans:
+        return lines
+    lines += ["", f"child envelopes of {view.name} ({len(tree.children) + len(orphans)}):"]
+    for child in tree.children:
+        block = tree_lines(child, level + 1)
+        block.insert(1, child_line(view.name, tree.line(child.envelope)))
+        lines += ["", indented("\n".join(block), 1)]
+    for uid, entry in sorted(orphans.items(), key=lambda item: (item[1].envelope, item[0])):
+        gone = f"envelope {entry.namespace or view.namespace}/{entry.envelope}: not found ({uid})"
+        lines += ["", indented(f"{gone}\n{child_line(view.name, entry)}", 1)]
+    return lines
+
+
+def show_ledger(tree: EnvelopeTree | EnvelopeView, claims: Sequence[ClaimView] = ()) -> str:
+    """The envelope's totals and claims, then its child envelopes' (recursively, indented),
+    each with its line in its parent's ledger. An EnvelopeView alone is shown without its
+    children."""
+    if isinstance(tree, EnvelopeView):
+        tree = EnvelopeTree(tree, tuple(claims))
+    return "\n".join(tree_lines(tree))
+
+
+def show_pool(pool: PoolView) -> str:
+    """A ReservationPool's totals and its envelopes' lines (R held, or C kept and R − C
+    returned)."""
+    status = pool.status
+    header = f"pool {pool.name}: namespaces {', '.join(pool.namespaces) or '-'}"
+    waiting = status.counts.get("Pending", 0)
+    if waiting:
+        header += f"; {waiting} envelope(s) waiting"
+    lines = [header, totals_table(status.totals), ""]
+    rows = [["ENVELOPE", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
+    rows += sorted(
+        [
+            f"{entry.namespace}/{entry.envelope}",
+            entry.phase.value,
+            render(entry.reserved) or "-",
+            render(entry.consumed) or "-",
+            render(entry.released) or "-",
+            entry.reason or "-",
+        ]
+        for entry in status.children.values()
+    )
+    lines.append(table(rows) if len(rows) > 1 else "(no envelopes in the pool's ledger)")
     return "\n".join(lines)
 
 
@@ -267,8 +398,13 @@ def parser() -> argparse.ArgumentParser:
         "--outcome", choices=["Succeeded", "Failed", "Cancelled"], default="Succeeded"
     )
 
-    ledger = verbs.add_parser("ledger", help="an envelope's totals and claims")
+    ledger = verbs.add_parser(
+        "ledger", help="an envelope's totals and claims, then its child envelopes' (a tree)"
+    )
     ledger.add_argument("envelope")
+
+    pool = verbs.add_parser("pool", help="a ReservationPool's totals and its envelopes")
+    pool.add_argument("pool")
 
     advise = verbs.add_parser(
         "recommend", help="suggested requests per resource for a workflow class"
@@ -290,7 +426,9 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
         show = recommendation_json if args.output == "json" else show_recommendation
         return show(args.workflow_class, where, envelopes, rec)
     if args.verb == "ledger":
-        return show_ledger(sdk.ledger(args.envelope), sdk.claims(args.envelope))
+        return show_ledger(sdk.tree(args.envelope))
+    if args.verb == "pool":
+        return show_pool(sdk.pool(args.pool))
     if args.verb == "hold":
         view = sdk.hold(
             args.envelope,

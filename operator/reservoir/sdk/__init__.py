@@ -9,15 +9,17 @@ from reservoir.sdk.errors import (
     StaleClaimError,
 )
 from reservoir.sdk.pods import workload_pod
-from reservoir.sdk.views import ClaimView, EnvelopeView
+from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView
 
 __all__ = [
     "AsyncReservoir",
     "ClaimNotFoundError",
     "ClaimView",
+    "EnvelopeTree",
     "EnvelopeView",
     "LeaseUncertainError",
     "NotReservedError",
+    "PoolView",
     "Reservoir",
     "ReservoirError",
     "StaleClaimError",

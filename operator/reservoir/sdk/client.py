@@ -71,6 +71,7 @@ from reservoir.core.claimstatus import settled_record
 from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
+    MAX_DEPTH,
     BranchClaimSpec,
     ClaimPhase,
     CommitPoint,
@@ -79,7 +80,13 @@ from reservoir.core.model import (
 )
 from reservoir.core.quantity import format_quantity, parse_resources
 from reservoir.k8s.facts import as_dict
-from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, BranchClaim, ReservationEnvelope
+from reservoir.k8s.resources import (
+    CLAIM_LABEL,
+    ENVELOPE_LABEL,
+    BranchClaim,
+    ReservationEnvelope,
+    ReservationPool,
+)
 from reservoir.sdk.errors import (
     ClaimNotFoundError,
     LeaseUncertainError,
@@ -87,7 +94,7 @@ from reservoir.sdk.errors import (
     ReservoirError,
     StaleClaimError,
 )
-from reservoir.sdk.views import ClaimView, EnvelopeView
+from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView
 
 FENCED_RETRIES = 5
 # A worker stops starting irreversible work this long before its lease's expiry.
@@ -182,9 +189,45 @@ class AsyncReservoir:
 
     async def ledger(self, envelope: str) -> EnvelopeView:
         obj = await self.client.get(ReservationEnvelope, envelope, namespace=self.namespace)
-        body = as_dict(obj)
-        status = ReservationEnvelopeStatus.model_validate(body.get("status") or {})
-        return EnvelopeView(name=envelope, namespace=self.namespace, status=status)
+        return EnvelopeView.from_api(as_dict(obj))
+
+    async def tree(self, envelope: str) -> EnvelopeTree:
+        """The envelope, its claims (each with its ledger entry) and, recursively, the
+        child envelopes drawing on it (by `spec.parent`, same namespace) with theirs:
+        at most MAX_DEPTH levels, the envelope being the first. An envelope already on
+        the path from the top (parents that form a cycle) is not listed again."""
+        obj = await self.client.get(ReservationEnvelope, envelope, namespace=self.namespace)
+        return await self._tree(as_dict(obj), 1, frozenset())
+
+    async def _tree(self, body: dict[str, Any], level: int, above: frozenset[str]) -> EnvelopeTree:
+        view = EnvelopeView.from_api(body)
+        claims = tuple(
+            [
+                ClaimView.from_api(as_dict(obj)).with_ledger(body)
+                async for obj in self.client.list(
+                    BranchClaim, namespace=view.namespace, fields={"spec.envelope": view.name}
+                )
+            ]
+        )
+        if level >= MAX_DEPTH:
+            return EnvelopeTree(view, claims, None)
+        path = above | {view.uid}
+        found = [
+            as_dict(obj)
+            async for obj in self.client.list(
+                ReservationEnvelope, namespace=view.namespace, fields={"spec.parent": view.name}
+            )
+        ]
+        children = [
+            await self._tree(child, level + 1, path)
+            for child in sorted(found, key=lambda child: str(child["metadata"]["name"]))
+            if child["metadata"].get("uid", "") not in path
+        ]
+        return EnvelopeTree(view, claims, tuple(children))
+
+    async def pool(self, name: str) -> PoolView:
+        """A ReservationPool (cluster-scoped): its totals and its envelopes' lines."""
+        return PoolView.from_api(as_dict(await self.client.get(ReservationPool, name)))
 
     async def claims(self, envelope: str) -> list[ClaimView]:
         """The envelope's claims (by `spec.envelope`), each with its ledger entry. A settled
@@ -603,6 +646,12 @@ class Reservoir:
 
     def claims(self, envelope: str) -> list[ClaimView]:
         return self._run(self._async.claims(envelope))
+
+    def tree(self, envelope: str) -> EnvelopeTree:
+        return self._run(self._async.tree(envelope))
+
+    def pool(self, name: str) -> PoolView:
+        return self._run(self._async.pool(name))
 
     def envelopes(
         self, labels: Mapping[str, str], all_namespaces: bool = False

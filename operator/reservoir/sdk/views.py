@@ -10,10 +10,13 @@ from typing import Any
 from reservoir.core.model import (
     BranchClaimSpec,
     BranchClaimStatus,
+    ChildEntry,
     ClaimPhase,
     EnvelopePhase,
     EnvelopeState,
     LedgerEntry,
+    ParentKind,
+    ReservationPoolStatus,
     Settlement,
 )
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
@@ -143,6 +146,8 @@ class EnvelopeView:
     namespace: str
     status: EnvelopeStatus
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
+    uid: str = ""
+    parent: str | None = None  # spec.parent: the envelope it asks to draw from
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> EnvelopeView:
@@ -152,4 +157,68 @@ class EnvelopeView:
             namespace=meta.get("namespace", ""),
             status=EnvelopeStatus.model_validate(obj.get("status") or {}),
             labels=dict(meta.get("labels") or {}),
+            uid=meta.get("uid", ""),
+            parent=(obj.get("spec") or {}).get("parent"),
+        )
+
+
+@dataclass(frozen=True)
+class EnvelopeTree:
+    """An envelope, its claims, and the child envelopes drawing on it, each a tree.
+
+    `children` is None below the depth bound (MAX_DEPTH levels are read): those envelopes
+    were not listed. A child's capacity is one line in this envelope's ledger
+    (`status.children`, keyed by the child's UID); a settled line may be compacted out of
+    it once the child's own status carries it (`status.parent.settled`): `line` reads
+    either, like a claim's ledger entry and its status mirror."""
+
+    envelope: EnvelopeView
+    claims: tuple[ClaimView, ...] = ()
+    children: tuple[EnvelopeTree, ...] | None = ()
+
+    def line(self, child: EnvelopeView) -> ChildEntry | None:
+        """`child`'s line in this envelope's ledger, or its settled record of it; None
+        while it is not admitted (or was never listed here)."""
+        entry = self.envelope.status.children.get(child.uid) if child.uid else None
+        if entry is not None:
+            return entry
+        record = child.status.parent
+        if (
+            record is not None
+            and record.kind is ParentKind.ENVELOPE
+            and record.uid
+            and record.uid == self.envelope.uid
+        ):
+            return record.settled
+        return None
+
+    def orphan_lines(self) -> dict[str, ChildEntry]:
+        """Lines of this ledger whose child envelope was not found among the children
+        (gone, its line held until someone decides, or settled and not yet compacted).
+        Empty when the children were not read (below the depth bound)."""
+        if self.children is None:
+            return {}
+        listed = {child.envelope.uid for child in self.children}
+        return {
+            uid: entry for uid, entry in self.envelope.status.children.items() if uid not in listed
+        }
+
+
+@dataclass(frozen=True)
+class PoolView:
+    """A ReservationPool (cluster-scoped): a tenant's quota and its envelopes' lines."""
+
+    name: str
+    status: ReservationPoolStatus
+    namespaces: tuple[str, ...] = ()
+    uid: str = ""
+
+    @classmethod
+    def from_api(cls, obj: dict[str, Any]) -> PoolView:
+        meta = obj["metadata"]
+        return cls(
+            name=meta["name"],
+            status=ReservationPoolStatus.model_validate(obj.get("status") or {}),
+            namespaces=tuple((obj.get("spec") or {}).get("namespaces") or ()),
+            uid=meta.get("uid", ""),
         )
