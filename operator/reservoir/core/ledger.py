@@ -2,11 +2,13 @@
 
 For every resource dimension, at every moment any reader can observe:
 
-    committed + reserved + reconciling + available == capacity
+    committed + reserved + reconciling + lent + available == capacity + borrowed
 
+(`lent` and `borrowed` are loans between sibling envelopes, zero unless one lends.)
 `reserved` sums R over Tentative/Committed/Running entries and open child envelopes, and
 `reconciling` over Detached ones; `committed` is a running total (settled entries are
-pruned once their claim is gone, their consumption stays committed). Nothing here knows Kubernetes.
+pruned once their claim is gone, their consumption stays committed). Nothing here knows
+Kubernetes.
 """
 
 from __future__ import annotations
@@ -59,24 +61,30 @@ def compute_totals(
     committed: Mapping[str, Decimal],
     entries: Iterable[LedgerEntry],
     children: Iterable[ChildEntry] = (),
+    lent: Mapping[str, Decimal] | None = None,
+    borrowed: Mapping[str, Decimal] | None = None,
 ) -> ResourceTotals:
-    """Totals from the capacity, the running committed total, the live entries and the
-    open child envelopes (each holds its whole capacity as one reserved line).
+    """Totals from the capacity, the running committed total, the live entries, the open
+    child envelopes (each holds its whole capacity as one reserved line) and what is lent
+    to and borrowed from siblings, outstanding.
     Raises InvariantViolationError rather than produce a ledger that overdraws a dimension."""
     entries = list(entries)
+    lent, borrowed = lent or {}, borrowed or {}
     held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
     held = add(held, total(c.reserved for c in children if c.phase is ChildPhase.RESERVED))
     reconciling = total(e.reserved for e in entries if _detached(e))
     dimensions = set(capacity)
-    stray = (set(held) | set(reconciling) | set(committed)) - dimensions
+    stray = (set(held) | set(reconciling) | set(committed) | set(lent) | set(borrowed)) - dimensions
     if stray:
         raise InvariantViolationError(f"ledger holds resources the envelope lacks: {sorted(stray)}")
-    available = subtract(subtract(subtract(capacity, committed), held), reconciling)
+    available = subtract(add(capacity, borrowed), total([committed, held, reconciling, lent]))
     totals = ResourceTotals(
         capacity=clean(capacity, dimensions),
         committed=clean(committed, dimensions),
         reserved=clean(held, dimensions),
         reconciling=clean(reconciling, dimensions),
+        lent=clean(lent, dimensions) if lent else {},
+        borrowed=clean(borrowed, dimensions) if borrowed else {},
         available=clean(available, dimensions),
     )
     check_invariant(totals)
@@ -88,20 +96,27 @@ def _detached(entry: LedgerEntry) -> bool:
 
 
 def check_invariant(totals: ResourceTotals) -> None:
-    """committed + reserved + reconciling + available == capacity, nothing negative."""
+    """committed + reserved + reconciling + lent + available == capacity + borrowed,
+    nothing negative."""
     for name, capacity in totals.capacity.items():
         parts = {
             "committed": totals.committed.get(name, ZERO),
             "reserved": totals.reserved.get(name, ZERO),
             "reconciling": totals.reconciling.get(name, ZERO),
+            "lent": totals.lent.get(name, ZERO),
             "available": totals.available.get(name, ZERO),
         }
+        borrowed = totals.borrowed.get(name, ZERO)
         negative = [part for part, value in parts.items() if value < 0]
+        if borrowed < 0:
+            negative.append("borrowed")
         if negative:
             negatives = ", ".join(negative)
             raise InvariantViolationError(f"{name}: {negatives} would be negative: {parts}")
-        if sum(parts.values(), ZERO) != capacity:
-            raise InvariantViolationError(f"{name}: {parts} do not add up to capacity {capacity}")
+        if sum(parts.values(), ZERO) != capacity + borrowed:
+            raise InvariantViolationError(
+                f"{name}: {parts} do not add up to capacity {capacity} + borrowed {borrowed}"
+            )
 
 
 def render(resources: Mapping[str, Decimal]) -> str:

@@ -59,6 +59,7 @@ MAX_DEPTH = 4
 # Child envelopes (or a pool's envelopes) a ledger holds at once, settled ones included.
 MAX_CHILDREN = 256
 MAX_POOL_NAMESPACES = 64
+MAX_LOANS = 16  # loans an envelope has out (or in) at once
 
 Quantity = Annotated[
     Decimal,
@@ -239,6 +240,15 @@ class PhysicalHold(StrEnum):
 # --- ReservationEnvelope ----------------------------------------------------------------
 
 
+class Lending(Model):
+    """Sibling borrowing, off unless an envelope's policy names it."""
+
+    floor: ResourceMap = resource_map(
+        "Never lent: this much of each resource stays available for the envelope's own "
+        "claims. A resource not named has a floor of zero."
+    )
+
+
 class EnvelopePolicy(Model):
     max_active_claims: int | None = Field(
         default=None,
@@ -312,6 +322,13 @@ class EnvelopePolicy(Model):
         description="Hold: keep its capacity reconciling until a report comes. "
         "Quarantine: charge the whole reservation as consumed (safe for scarce "
         "capacity). Release: return it to the envelope. Recorded on the claim.",
+    )
+    lending: Lending | None = Field(
+        default=None,
+        description="Lend unused balance to sibling envelopes (same parent envelope) whose "
+        "claims wait for capacity. Unset (the default): lend nothing. A loan is recorded in "
+        "both ledgers, never revoked by preemption: the borrower repays as its claims "
+        "settle, and what its claims consumed of the loan is charged here when it closes.",
     )
 
 
@@ -532,7 +549,7 @@ class LedgerEntry(Model):
 
 class ResourceTotals(Model):
     """Per-resource totals. For every resource:
-    committed + reserved + reconciling + available == capacity."""
+    committed + reserved + reconciling + lent + available == capacity + borrowed."""
 
     capacity: ResourceMap = resource_map("The envelope's budget.")
     reserved: ResourceMap = resource_map(
@@ -540,6 +557,8 @@ class ResourceTotals(Model):
     )
     committed: ResourceMap = resource_map("Consumed by settled claims (never reversed).")
     reconciling: ResourceMap = resource_map("Held by Detached claims: outcome unknown.")
+    lent: ResourceMap = resource_map("Lent to sibling envelopes and not yet repaid.")
+    borrowed: ResourceMap = resource_map("Borrowed from sibling envelopes, not yet repaid.")
     available: ResourceMap = resource_map("Free for new claims of this envelope.")
 
 
@@ -579,6 +598,50 @@ class ChildEntry(Model):
         "Withdrawn (deleted or closed before it was admitted), AdmittedElsewhere, "
         "ForceSettled (gone, charged in full by a person's decision).",
     )
+
+
+class LoanPhase(StrEnum):
+    LENT = "Lent"
+    SETTLED = "Settled"
+
+
+class Loan(Model):
+    """A loan to a sibling, in the lender's ledger (keyed by the borrower's UID). The
+    borrower's own record of it (`Borrowing`) says what was repaid and, once it closed,
+    what its claims consumed of it."""
+
+    borrower: str = Field(max_length=MAX_NAME_LENGTH, description="The borrowing envelope.")
+    phase: LoanPhase = Field(description="Lent (outstanding) or Settled.")
+    amount: ResourceMap = resource_map("What was lent.")
+    repaid: ResourceMap = resource_map("Repaid so far, as the borrower recorded it.")
+    consumed: ResourceMap = resource_map(
+        "Not repaid when the borrower closed: consumed by its claims, committed here."
+    )
+    lent_at: datetime = Field(description="When it was lent (operator clock).")
+    settled_at: datetime | None = Field(default=None, description="When it settled.")
+
+
+class Borrowing(Model):
+    """A loan from a sibling, in the borrower's ledger (keyed by the lender's UID)."""
+
+    lender: str = Field(max_length=MAX_NAME_LENGTH, description="The lending envelope.")
+    amount: ResourceMap = resource_map("What was borrowed.")
+    repaid: ResourceMap = resource_map(
+        "Repaid so far (only grows): returned as this envelope's claims settled."
+    )
+    consumed: ResourceMap = resource_map("What its claims consumed of it, set at closing.")
+    received_at: datetime = Field(description="When the loan was recorded here.")
+    closed_at: datetime | None = Field(
+        default=None, description="When this envelope closed: nothing more is repaid."
+    )
+
+
+class BorrowRequest(Model):
+    """What this envelope's queue is short of: siblings that lend may cover it."""
+
+    resources: ResourceMap = resource_map("The shortage of the claim at the head of its queue.")
+    priority: int = Field(default=0, description="That claim's priority.")
+    since: datetime = Field(description="That claim's creation time.")
 
 
 class ParentRecord(Model):
@@ -635,6 +698,19 @@ class ReservationEnvelopeStatus(Model):
     )
     queue_reason: str | None = Field(
         default=None, max_length=1024, description="Why the envelope is still Pending."
+    )
+    loans: dict[str, Loan] = Field(
+        default_factory=dict,
+        description="Loans to siblings, keyed by the borrower's UID (policy.lending).",
+        json_schema_extra={"maxProperties": MAX_LOANS},
+    )
+    borrowed: dict[str, Borrowing] = Field(
+        default_factory=dict,
+        description="Loans from siblings, keyed by the lender's UID.",
+        json_schema_extra={"maxProperties": MAX_LOANS},
+    )
+    wants: BorrowRequest | None = Field(
+        default=None, description="What its queue is short of, for siblings that lend."
     )
     balance_released: ResourceMap = resource_map(
         "The balance released when the envelope closed or expired: to its parent or pool "

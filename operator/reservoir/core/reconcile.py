@@ -24,6 +24,17 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+from reservoir.core.borrowing import (
+    SiblingFacts,
+    borrowed_total,
+    close_borrowings,
+    lend,
+    lent_total,
+    receive_loans,
+    repay,
+    settle_loans,
+    shortage,
+)
 from reservoir.core.budgets import (
     ChildFacts,
     ChildLedger,
@@ -51,6 +62,7 @@ from reservoir.core.lifecycle import (
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
     SUMMARY_LENGTH,
+    BorrowRequest,
     BranchClaimSpec,
     ChildPhase,
     ClaimPhase,
@@ -61,11 +73,13 @@ from reservoir.core.model import (
     EnvelopeSummary,
     Fallback,
     LedgerEntry,
+    LoanPhase,
     ParentKind,
     ParentRecord,
     PhysicalHold,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
+    ResourceTotals,
 )
 from reservoir.core.policy import (
     Admission,
@@ -95,6 +109,7 @@ class EnvelopeFacts:
     # The parent it names, or the pool covering its namespace; None: it is a root.
     parent: ParentView | None = None
     children: Sequence[ChildFacts] = ()  # envelopes naming this one as their parent
+    siblings: Sequence[SiblingFacts] = ()  # the other children of its parent envelope
 
     def expired(self, now: datetime) -> bool:
         lifetime = self.spec.lifetime_seconds
@@ -144,6 +159,8 @@ class Reconciliation:
     awaiting_devices: dict[str, str] = field(default_factory=dict)
     wake_at: datetime | None = None  # when to reconcile again even without new facts
     admitted: bool = False  # its parent (or pool) holds its capacity, or it is a root
+    # the claim at the head of the queue that waits for capacity, and what it is short of
+    short: tuple[ClaimFacts, dict[str, Decimal]] | None = None
     # Closed, and its parent has nothing more to learn from it: settled its line, recorded
     # a withdrawal, or is gone. Only then may the envelope object go.
     done_upward: bool = False
@@ -225,6 +242,16 @@ def reconcile(
     settle_children(children, children_by_uid, envelope.force_settle_gone)
     committed = children.committed
 
+    # 2c. Loans between siblings (policy.lending): record loans received, take back what
+    #     borrowers repaid, settle loans that are over.
+    open_now = result.admitted and envelope.accepting(now)
+    result.events += receive_loans(ledger, envelope.siblings, open_now, now)
+    consumed_loans, loan_events = settle_loans(
+        ledger, {s.uid: s for s in envelope.siblings}, envelope.force_settle_gone, now
+    )
+    committed = add(committed, consumed_loans)
+    result.events += loan_events
+
     # 3. Admit waiting claims and child envelopes in one queue order.
     waiting = [
         c for c in facts_by_uid.values() if c.uid not in ledger.entries and c.settled_record is None
@@ -235,9 +262,7 @@ def reconcile(
     ]
     queue.sort(key=lambda item: _queue_key(item).sort_key())
     blocked_by: str | None = None
-    balance = compute_totals(
-        envelope.spec.capacity, committed, ledger.entries.values(), ledger.children.values()
-    ).available
+    balance = _totals(envelope, committed, ledger).available
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     depth = ledger.parent.depth if ledger.parent is not None else 1
     for item in queue:
@@ -257,6 +282,19 @@ def reconcile(
     result.events += children.events
     result.pending_children = children.pending
 
+    # 3b. Borrow what the queue is short of, or repay what is owed; lend what is spare.
+    ledger.wants = None
+    if result.short is not None and open_now and _has_parent_envelope(ledger.parent):
+        head, short = result.short
+        ledger.wants = BorrowRequest(
+            resources=short, priority=head.spec.priority, since=head.created_at
+        )
+    if ledger.wants is None:
+        result.events += repay(ledger, balance)
+        lending = envelope.spec.policy.lending
+        if lending is not None and open_now:
+            result.events += lend(ledger, lending, envelope.siblings, balance, now)
+
     # 4. Compact: a settled entry leaves the ledger once its claim's status carries the
     #    same record, or once the claim is gone.
     for uid in [u for u, e in ledger.entries.items() if e.phase.terminal]:
@@ -267,9 +305,7 @@ def reconcile(
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
-    ledger.totals = compute_totals(
-        envelope.spec.capacity, committed, ledger.entries.values(), ledger.children.values()
-    )
+    ledger.totals = _totals(envelope, committed, ledger)
     _envelope_lifecycle(result, envelope, now)
     ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
     result.wake_at = min(
@@ -587,6 +623,8 @@ def _admit_one(
             _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
             return blocked_by
         result.pending[facts.uid] = decision
+        if decision.reason == "InsufficientCapacity" and result.short is None:
+            result.short = (facts, shortage(spec.requests, available))
         # Only a shortage blocks the queue behind it: a tentative-claim cap does not stop a
         # dispatched claim, and the other caps stop everyone anyway.
         return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
@@ -617,6 +655,23 @@ def _one_line(resources: Mapping[str, Decimal]) -> str:
     return text if len(text) <= SUMMARY_LENGTH else text[: SUMMARY_LENGTH - 1] + "…"
 
 
+def _totals(
+    envelope: EnvelopeFacts, committed: Mapping[str, Decimal], ledger: ReservationEnvelopeStatus
+) -> ResourceTotals:
+    return compute_totals(
+        envelope.spec.capacity,
+        committed,
+        ledger.entries.values(),
+        ledger.children.values(),
+        lent=lent_total(ledger),
+        borrowed=borrowed_total(ledger),
+    )
+
+
+def _has_parent_envelope(record: ParentRecord | None) -> bool:
+    return record is not None and record.kind is ParentKind.ENVELOPE
+
+
 def _withdrawn(result: Reconciliation) -> bool:
     """Its parent recorded that it will never hold this envelope's capacity."""
     record = result.status.parent
@@ -640,8 +695,10 @@ def _queue_key(item: ClaimFacts | ChildFacts) -> QueueKey:
 
 def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: datetime) -> None:
     ledger = result.status
-    live = any(e.phase.holds_capacity for e in ledger.entries.values()) or any(
-        c.phase is ChildPhase.RESERVED for c in ledger.children.values()
+    live = (
+        any(e.phase.holds_capacity for e in ledger.entries.values())
+        or any(c.phase is ChildPhase.RESERVED for c in ledger.children.values())
+        or any(loan.phase is LoanPhase.LENT for loan in ledger.loans.values())
     )
     parent_gone = envelope.parent is not None and envelope.parent.gone
     if envelope.accepting(now) and not _withdrawn(result):
@@ -660,6 +717,11 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
             # Every child has settled: the remaining balance goes back where it came from
             # (its parent reads it from here), or to the cluster for a root. An envelope
             # never admitted held nothing, so it returns nothing.
+            # What it still owes siblings is repaid first; the rest was consumed.
+            available = dict(ledger.totals.available)
+            result.events += repay(ledger, available)
+            close_borrowings(ledger, now)
+            ledger.totals = _totals(envelope, ledger.totals.committed, ledger)
             ledger.balance_released = dict(ledger.totals.available) if result.admitted else {}
             ledger.closed_at = now
     result.done_upward = ledger.closed_at is not None and _done_upward(ledger.parent, envelope)
