@@ -43,6 +43,9 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
 )
 
+# Events about this envelope's own loans (their uid names the sibling on the other side).
+LOAN_EVENTS = frozenset({"Borrowed", "Repaid", "Lent", "LoanSettled", "UnreadableLoan"})
+
 
 @dataclass(frozen=True)
 class SiblingFacts:

@@ -16,6 +16,7 @@ from typing import Any
 from lightkube import ApiError, AsyncClient
 from pydantic import ValidationError
 
+from reservoir.core.borrowing import SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.model import (
     MAX_DEPTH,
@@ -68,6 +69,34 @@ async def children_of(
         if fact is not None:
             facts.append(fact)
             bodies[fact.uid] = body
+    return facts, bodies
+
+
+async def siblings_of(
+    client: AsyncClient, namespace: str, parent: str, uid: str, now: datetime
+) -> tuple[list[SiblingFacts], dict[str, dict[str, Any]]]:
+    """The other envelopes drawing on the same parent envelope, as loans see them."""
+    facts: list[SiblingFacts] = []
+    bodies: dict[str, dict[str, Any]] = {}
+    async for item in client.list(
+        ReservationEnvelope, namespace=namespace, fields={"spec.parent": parent}
+    ):
+        body = as_dict(item)
+        child = child_facts(body, now)
+        if child is None or child.uid == uid:
+            continue
+        status = ReservationEnvelopeStatus.model_validate(body.get("status") or {})
+        facts.append(
+            SiblingFacts(
+                uid=child.uid,
+                name=child.name,
+                accepting=child.accepting,
+                wants=status.wants,
+                loan_to_me=status.loans.get(uid),
+                borrowing_from_me=status.borrowed.get(uid),
+            )
+        )
+        bodies[child.uid] = body
     return facts, bodies
 
 

@@ -27,6 +27,7 @@ from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
 
 from reservoir import metrics
+from reservoir.core.borrowing import LOAN_EVENTS, SiblingFacts
 from reservoir.core.budgets import ParentView
 from reservoir.core.claimstatus import claim_status
 from reservoir.core.conditions import Desired, merge_conditions
@@ -160,18 +161,26 @@ class LedgerWriter:
             await self._refused(envelope, "UnreadableEnvelope", str(error))
         # The budget tree around it: where it draws from, and the envelopes drawing on it
         # (listed after the envelope: a child the ledger names but the list lacks is gone).
+        uid = envelope["metadata"]["uid"]
         parent = await budgets.parent_view(
             self.client, envelope, envelope_facts.spec, status.parent
         )
         children, child_bodies = await budgets.children_of(
             self.client, namespace, name, self.clock()
         )
+        siblings: list[SiblingFacts] = []
+        sibling_bodies: dict[str, dict[str, Any]] = {}
+        if envelope_facts.spec.parent is not None:  # loans are between siblings
+            siblings, sibling_bodies = await budgets.siblings_of(
+                self.client, namespace, envelope_facts.spec.parent, uid, self.clock()
+            )
         envelope_facts = replace(
             envelope_facts,
             name=name,
-            uid=envelope["metadata"]["uid"],
+            uid=uid,
             parent=parent,
             children=children,
+            siblings=siblings,
         )
         claims = [
             read.as_dict(c)
@@ -239,7 +248,7 @@ class LedgerWriter:
                 )
             metrics.ledger_writes.labels(namespace, "written").inc()
             # Its parent and children read this ledger: they have news.
-            self._poke_tree(namespace, parent, child_bodies, result)
+            self._poke_tree(namespace, parent, {**child_bodies, **sibling_bodies}, result)
             metrics.observe_written(
                 namespace,
                 workflow_class(envelope),
@@ -258,7 +267,6 @@ class LedgerWriter:
                 return Conflict()
 
         # The ledger is durable (and so healthy again): now tell the world.
-        uid = envelope["metadata"]["uid"]
         self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
         by_uid = {c["metadata"]["uid"]: c for c in claims}
         by_uid.update(child_bodies)  # child-line Events go on the child envelope
@@ -268,7 +276,11 @@ class LedgerWriter:
         held_back = set(result.off_ledger)
         klass = workflow_class(envelope)
         self._announce(
-            namespace, klass, by_uid, [e for e in result.events if e.uid not in held_back]
+            namespace,
+            klass,
+            by_uid,
+            [e for e in result.events if e.uid not in held_back],
+            envelope,
         )
         self._announce_invalid(invalid)
         metrics.envelopes.record(
@@ -277,7 +289,9 @@ class LedgerWriter:
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
         mirrored = await self._mirror(namespace, claims, result, now, problems)
         durable = held_back & mirrored
-        self._announce(namespace, klass, by_uid, [e for e in result.events if e.uid in durable])
+        self._announce(
+            namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
+        )
         if resource_claims or placeholders or result.device_holds:
             await self.devices.sync(
                 by_uid,
@@ -394,14 +408,16 @@ class LedgerWriter:
         klass: str,
         claims: Mapping[str, Mapping[str, Any]],
         events: list[LedgerEvent],
+        envelope: Mapping[str, Any],
     ) -> None:
-        """Events and transition metrics for decisions that are durable."""
+        """Events and transition metrics for decisions that are durable: on the claim (or
+        child envelope) they are about; a loan's on the envelope whose ledger moved."""
         metrics.count_events(namespace, klass, events)
         for event in events:
-            claim = claims.get(event.uid)
-            if claim is not None:
+            target = envelope if event.reason in LOAN_EVENTS else claims.get(event.uid)
+            if target is not None:
                 self.record(
-                    claim, "Warning" if event.warning else "Normal", event.reason, event.message
+                    target, "Warning" if event.warning else "Normal", event.reason, event.message
                 )
 
     async def _mirror(
