@@ -44,7 +44,13 @@ REPO = Path(__file__).resolve().parents[2]
 CRDS = REPO / "crds"
 GROUP, VERSION = "reservoir.dev", "v1alpha1"
 API_VERSION = f"{GROUP}/{VERSION}"
-PLURALS = {"BranchClaim": "branchclaims", "ReservationEnvelope": "reservationenvelopes"}
+PLURALS = {
+    "BranchClaim": "branchclaims",
+    "ReservationEnvelope": "reservationenvelopes",
+    "ReservationPool": "reservationpools",
+}
+CLUSTER_SCOPED = {"ReservationPool"}
+POOL_PREFIX = "rules-pool-"  # every pool these tests make: deleted at the end
 MANAGER = "crd-rules-test"
 
 JsonDict = dict[str, Any]
@@ -183,7 +189,8 @@ class Api:
         self.http.close()
 
     def url(self, kind: str, ns: str, name: str = "", status: bool = False) -> str:
-        url = f"/apis/{GROUP}/{VERSION}/namespaces/{ns}/{PLURALS[kind]}"
+        scope = "" if kind in CLUSTER_SCOPED else f"namespaces/{ns}/"
+        url = f"/apis/{GROUP}/{VERSION}/{scope}{PLURALS[kind]}"
         if name:
             url += f"/{name}"
         return url + "/status" if status else url
@@ -258,10 +265,20 @@ def space(api: Api) -> Iterator[str]:
     assert reply.ok, reply
     yield name
     api.send("DELETE", f"/api/v1/namespaces/{name}")
+    # Pools are cluster-scoped: they do not go with the namespace.
+    pools = api.send("GET", api.url("ReservationPool", name)).body.get("items", [])
+    for pool in pools:
+        if pool["metadata"]["name"].startswith(POOL_PREFIX):
+            api.send("DELETE", api.url("ReservationPool", name, pool["metadata"]["name"]))
 
 
 def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def object_name(kind: str, prefix: str) -> str:
+    """A unique name; a cluster-scoped object's marked for the clean-up."""
+    return unique(f"{POOL_PREFIX if kind in CLUSTER_SCOPED else ''}{prefix}"[:50])
 
 
 # --- paths into JSON objects -------------------------------------------------------------
@@ -355,6 +372,15 @@ CLAIM_SPEC: JsonDict = {
     "requests": {"tokens": "20k", "cost": "1"},
 }
 ENVELOPE_SPEC: JsonDict = {"capacity": {"tokens": "100k", "cost": "12.50"}}
+POOL_SPEC: JsonDict = {"capacity": {"tokens": "1M", "cost": "100"}, "namespaces": ["a", "b"]}
+CHILD: JsonDict = {"parent": "planner"}
+
+
+def keeps_all(*path: str) -> Invariant:
+    """Every item of the starting list is still there."""
+    return lambda start, now: set(at(start, path)) <= set(at(now, path) or [])
+
+
 FINAL: JsonDict = {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}
 UNCANCEL: tuple[JsonDict, ...] = ({"spec": {"cancel": False}},)
 UNFINAL: tuple[JsonDict, ...] = ({"spec": {"final": False}},)
@@ -457,6 +483,23 @@ CASES = [
          {"spec": {"capacity": {"cost": None}}}, only_grows("spec", "capacity")),
     Case("capacity-gains-one", "ReservationEnvelope", ("spec", "capacity"), "fixed at creation",
          {"spec": {"capacity": {"gpu": "1"}}}, unchanged("spec", "capacity"), adds=True),
+    Case("parent-changed", "ReservationEnvelope", ("spec",), "parent is fixed",
+         {"spec": {"parent": "other"}}, unchanged("spec", "parent"), spec=CHILD),
+    Case("parent-removed", "ReservationEnvelope", ("spec",), "parent is fixed",
+         {"spec": {"parent": None}}, unchanged("spec", "parent"), spec=CHILD),
+    Case("parent-added", "ReservationEnvelope", ("spec",), "parent is fixed",
+         {"spec": {"parent": "planner"}}, unchanged("spec", "parent"), adds=True),
+    Case("child-capacity-grows", "ReservationEnvelope", ("spec",), "was reserved from",
+         {"spec": {"capacity": {"tokens": "200k"}}}, unchanged("spec", "capacity"),
+         spec=CHILD, reads=(("spec", "parent"),)),
+    Case("pool-capacity-shrinks", "ReservationPool", ("spec", "capacity"), "never shrink",
+         {"spec": {"capacity": {"tokens": "1"}}}, only_grows("spec", "capacity")),
+    Case("pool-capacity-loses-one", "ReservationPool", ("spec", "capacity"), "never shrink",
+         {"spec": {"capacity": {"cost": None}}}, only_grows("spec", "capacity")),
+    Case("pool-capacity-gains-one", "ReservationPool", ("spec", "capacity"), "fixed at",
+         {"spec": {"capacity": {"gpu": "1"}}}, unchanged("spec", "capacity"), adds=True),
+    Case("pool-loses-namespace", "ReservationPool", ("spec", "namespaces"), "never lose",
+         {"spec": {"namespaces": ["a"]}}, keeps_all("spec", "namespaces")),
     Case("commit-point-changed", "BranchClaim", ("spec", "commitPoint"), "commitPoint is",
          {"spec": {"commitPoint": "PodRunning"}}, unchanged("spec", "commitPoint")),
     Case("upstream-state-backwards", "BranchClaim", ("spec",), "upstream.state is a fact",
@@ -509,6 +552,8 @@ STATELESS_EXAMPLES = [
     ),
     ("ReservationEnvelope", "resource names look like", {"capacity": {"tok ens!": "1"}}),
     ("ReservationEnvelope", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
+    ("ReservationPool", "resource names look like", {"capacity": {"tok ens!": "1"}}),
+    ("ReservationPool", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
 ]
 
 
@@ -534,7 +579,7 @@ def rule_for(case: Case, rules: list[Rule] | None = None) -> Rule:
 
 
 def base_object(kind: str, name: str, spec: JsonDict) -> JsonDict:
-    base = CLAIM_SPEC if kind == "BranchClaim" else ENVELOPE_SPEC
+    base = {"BranchClaim": CLAIM_SPEC, "ReservationPool": POOL_SPEC}.get(kind, ENVELOPE_SPEC)
     return {
         "apiVersion": API_VERSION,
         "kind": kind,
@@ -566,7 +611,7 @@ def start(api: Api, ns: str, case: Case, held: list[tuple[str, str]]) -> Started
     """Create the case's starting object by server-side apply (so that a later apply can
     remove the fields it set), its status through /status, and delete it if the case starts
     from an object being deleted."""
-    name = unique(case.name[:40])
+    name = object_name(case.kind, case.name[:40])
     obj = base_object(case.kind, name, case.spec)
     if case.deleting:
         obj["metadata"]["finalizers"] = [HOLD]
@@ -624,7 +669,7 @@ def policies(api: Api, space: str) -> None:
 def test_every_rule_in_the_crds_is_classified() -> None:
     """No cluster needed: a transition rule without a case here fails this test."""
     rules = crd_rules()
-    assert {rule.kind for rule in rules} == set(PLURALS), "both CRDs declare rules"
+    assert {rule.kind for rule in rules} == set(PLURALS), "every CRD declares rules"
     transition = [rule for rule in rules if rule.transition]
     stateless = [rule for rule in rules if not rule.transition]
     assert transition and stateless
@@ -680,10 +725,10 @@ def test_every_rule_in_the_crds_is_classified() -> None:
 def test_a_rule_without_old_self_is_checked_on_create_and_on_update(
     api: Api, space: str, kind: str, about: str, spec: JsonDict
 ) -> None:
-    refused = api.create(base_object(kind, unique("stateless"), spec), space)
+    refused = api.create(base_object(kind, object_name(kind, "stateless"), spec), space)
     assert refused.invalid and any(about in message for _, message in refused.causes), refused
 
-    name = unique("stateless")
+    name = object_name(kind, "stateless")
     assert api.create(base_object(kind, name, {}), space).ok
     before = api.get(kind, space, name)
     refused = api.merge(kind, space, name, {"spec": spec})

@@ -306,7 +306,11 @@ def draw_record(
         base = ParentRecord(kind=parent.kind, name=parent.name, uid=parent.uid)
         if line.phase is ChildPhase.RESERVED:
             depth = (parent.depth or 0) + 1
-            return Admitted(base.model_copy(update={"depth": depth, "admitted_at": now}))
+            return Admitted(
+                base.model_copy(
+                    update={"depth": depth, "admitted_at": now, "reserved": dict(line.reserved)}
+                )
+            )
         return Admitted(base.model_copy(update={"settled": line}))  # withdrawn
     return Admitted(None, _why_waiting(parent, capacity))
 

@@ -659,6 +659,9 @@ class ParentRecord(Model):
         description="When the parent's ledger was seen holding this envelope's capacity. "
         "Unset: never admitted (withdrawn before).",
     )
+    reserved: ResourceMap = resource_map(
+        "What the parent holds for it: the envelope's capacity from then on."
+    )
     settled: ChildEntry | None = Field(
         default=None, description="This envelope's settled line in its parent's ledger."
     )

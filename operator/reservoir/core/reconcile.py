@@ -164,6 +164,7 @@ class Reconciliation:
     # Closed, and its parent has nothing more to learn from it: settled its line, recorded
     # a withdrawal, or is gone. Only then may the envelope object go.
     done_upward: bool = False
+    children_unsettled: int = 0
     pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
 
     def entry(self, uid: str) -> LedgerEntry | None:
@@ -195,6 +196,12 @@ def reconcile(
     ledger.parent, ledger.queue_reason = drawn.record, drawn.waiting
     envelope = envelope.effective(ledger.parent)
     result.admitted = ledger.parent is not None and ledger.parent.admitted_at is not None
+    if result.admitted and ledger.parent is not None and ledger.parent.reserved:
+        # Drawn from a parent or pool: it holds what was reserved there, whatever its spec
+        # says since (a pool-drawn root's capacity may grow in spec; the pool holds no more).
+        reserved = {k: v for k, v in ledger.parent.reserved.items() if k in dimensions}
+        spec = envelope.spec.model_copy(update={"capacity": {**envelope.spec.capacity, **reserved}})
+        envelope = replace(envelope, spec=spec)
     policy = envelope.spec.policy
     renewals_open = envelope.accepting(now)
     # Each claim's facts carry what its ResourceClaim shows, set once here.
@@ -267,7 +274,9 @@ def reconcile(
     depth = ledger.parent.depth if ledger.parent is not None else 1
     for item in queue:
         if isinstance(item, ChildFacts):
-            if result.admitted or not envelope.accepting(now):
+            # A parent not open yet admits nobody, but still records the withdrawal of a
+            # child closed or deleted meanwhile: the child may then go.
+            if result.admitted or not envelope.accepting(now) or not item.accepting:
                 blocked_by = admit_child(
                     children,
                     item,
@@ -281,6 +290,11 @@ def reconcile(
         blocked_by = _admit_one(result, envelope, item, balance, blocked_by, now)
     result.events += children.events
     result.pending_children = children.pending
+    # Lines its children have not yet mirrored, and children it has not even answered: a
+    # parent goes only once every child knows its fate from the child's own record.
+    result.children_unsettled = len(ledger.children) + sum(
+        1 for c in waiting_children(envelope.children, ledger.children)
+    )
 
     # 3b. Borrow what the queue is short of, or repay what is owed; lend what is spare.
     ledger.wants = None

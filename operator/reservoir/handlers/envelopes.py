@@ -88,6 +88,9 @@ async def settle_children_before_removal(
         for c in result.status.children.values()
         if c.phase is ChildPhase.RESERVED
     ]
+    if not live and result.children_unsettled:
+        # Every child closed, but not every one has recorded its fate yet.
+        live = [f"{result.children_unsettled} child envelopes to record their settlement"]
     message = f"waiting for {len(live)} to settle: {', '.join(live[:5])}"
     if not live and not result.done_upward:
         # Closed, but its parent has not yet recorded the balance it returns: the record

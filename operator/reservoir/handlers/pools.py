@@ -8,7 +8,7 @@ from typing import Any
 
 import kopf
 
-from reservoir.core.model import API_GROUP, API_VERSION, ChildPhase
+from reservoir.core.model import API_GROUP, API_VERSION
 from reservoir.handlers.envelopes import IDLE_WAKEUP_SECONDS, has_news
 from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.services import Services
@@ -58,12 +58,12 @@ async def settle_envelopes_before_removal(name: str, memo: kopf.Memo, **_: Any) 
         raise kopf.TemporaryError(f"the pool's ledger cannot move: {error}", delay=30) from None
     if result is None:
         return
-    live = [
-        f"{c.namespace}/{c.envelope}"
-        for c in result.status.children.values()
-        if c.phase is ChildPhase.RESERVED
-    ]
-    if live:
+    # Every line, settled ones included: an envelope learns its fate from its own record,
+    # so the pool goes only once each has mirrored its line (or is gone).
+    lines = [f"{c.namespace}/{c.envelope}" for c in result.status.children.values()]
+    if lines:
         raise kopf.TemporaryError(
-            f"waiting for {len(live)} envelopes to close: {', '.join(live[:5])}", delay=5
+            f"waiting for {len(lines)} envelopes to close and record their settlement: "
+            f"{', '.join(lines[:5])}",
+            delay=5,
         )
