@@ -15,7 +15,7 @@ echo
 echo "== CRDs"
 kubectl apply -f crds/
 kubectl wait --for=condition=Established crd/reservationenvelopes.reservoir.dev \
-  crd/branchclaims.reservoir.dev --timeout=60s >/dev/null
+  crd/branchclaims.reservoir.dev crd/reservationpools.reservoir.dev --timeout=60s >/dev/null
 
 echo
 echo "== operator (logs: $logs/operator.log)"
@@ -23,9 +23,13 @@ reservoir-operator --all-namespaces --metrics-port 0 >"$logs/operator.log" 2>&1 
 operator=$!
 trap 'kill $operator 2>/dev/null; wait $operator 2>/dev/null || true' EXIT
 
-# A fresh namespace each run (the running operator settles the old one's claims first).
-kubectl delete namespace "$namespace" --ignore-not-found --timeout=120s >/dev/null
-kubectl create namespace "$namespace" >/dev/null
+# Fresh namespaces each run (the running operator settles the old ones' claims first). The
+# team's namespace draws from a tenant pool; the other is left uncapped.
+team=reservoir-demo-team
+for ns in "$namespace" "$team"; do
+  kubectl delete namespace "$ns" --ignore-not-found --timeout=120s >/dev/null
+  kubectl create namespace "$ns" >/dev/null
+done
 
 echo
 echo "== the example workflow (examples/agent_workflow.py)"
@@ -36,6 +40,10 @@ echo "== a GPU branch (examples/gpu_branch.py)"
 python examples/gpu_branch.py --namespace "$namespace"
 
 echo
+echo "== a planner with two sub-agents, drawn from a tenant pool (examples/planner_subagents.py)"
+python examples/planner_subagents.py --namespace "$team"
+
+echo
 echo "== kubectl get reservoir -n $namespace"
 kubectl get reservoir -n "$namespace"
 echo
@@ -44,3 +52,9 @@ kubectl reservoir -n "$namespace" ledger research-agent
 echo
 echo "== kubectl reservoir ledger fine-tune -n $namespace"
 kubectl reservoir -n "$namespace" ledger fine-tune
+echo
+echo "== kubectl reservoir ledger planner -n $team (the budget tree)"
+kubectl reservoir -n "$team" ledger planner
+echo
+echo "== kubectl reservoir pool reservoir-demo-tenant"
+kubectl reservoir pool reservoir-demo-tenant

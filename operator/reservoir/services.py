@@ -35,7 +35,13 @@ class Services:
         priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
         devices = DeviceHolder(client, priority_class)
         writer = LedgerWriter(client, post_event, devices=devices)
-        pools = PoolWriter(client, post_event, writer.poke)
+        watched = os.environ.get("RESERVOIR_WATCHED_NAMESPACES") or ""
+        pools = PoolWriter(
+            client,
+            post_event,
+            writer.poke,
+            watched=frozenset(watched.split(",")) if watched else None,
+        )
         writer.poke_pool = pools.poke
         return cls(client=client, writer=writer, pools=pools, health=Health())
 

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RESERVOIR_METRICS_PORT"] = str(args.metrics_port)
     os.environ["RESERVOIR_PLACEHOLDER_PRIORITY_CLASS"] = args.placeholder_priority_class
     os.environ["RESERVOIR_PROBE_NAMESPACE"] = args.namespace[0] if args.namespace else ""
+    os.environ["RESERVOIR_WATCHED_NAMESPACES"] = ",".join(args.namespace or [])
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
     namespaces = args.namespace  # none given (or -A): the whole cluster

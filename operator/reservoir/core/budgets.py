@@ -130,7 +130,8 @@ def settle_children(
             continue
         if child.balance_released is None:
             continue  # still open or closing: its claims are settling inside it
-        balance = dict(child.balance_released)
+        # Its balance in the resources drawn from here (from a pool, those it names).
+        balance = {k: v for k, v in child.balance_released.items() if k in entry.reserved}
         if not _within(balance, entry.reserved):
             ledger.events.append(
                 LedgerEvent(
@@ -178,6 +179,17 @@ def _settle(
     )
 
 
+def drawn_part(
+    kind: ParentKind, capacity: Mapping[str, Decimal], parent_capacity: Mapping[str, Decimal]
+) -> dict[str, Decimal]:
+    """What a child draws from its parent: all of its capacity from a parent envelope; from
+    a pool, the resources the pool names (a quota caps what it names, like ResourceQuota:
+    the rest of the envelope's capacity is its own)."""
+    if kind is ParentKind.POOL:
+        return {k: v for k, v in capacity.items() if k in parent_capacity}
+    return dict(capacity)
+
+
 def child_problem(
     capacity: Mapping[str, Decimal], parent_capacity: Mapping[str, Decimal], parent_depth: int
 ) -> str | None:
@@ -218,7 +230,8 @@ def admit_child(
             ledger.children[child.uid] = entry
             ledger._note(child.uid, entry, "ChildWithdrawn", f"never admitted: {why}")
         return blocked_by
-    problem = child_problem(child.capacity, parent_capacity, parent_depth)
+    wanted = drawn_part(ledger.parent.kind, child.capacity, parent_capacity)
+    problem = child_problem(wanted, parent_capacity, parent_depth)
     if problem is not None:
         ledger.pending[child.uid] = Admission(False, "CannotAdmit", problem, permanent=True)
         return blocked_by
@@ -232,18 +245,18 @@ def admit_child(
             False, "MaxChildren", f"{MAX_OPEN_CHILDREN} child envelopes are open here"
         )
         return blocked_by
-    if not fits(child.capacity, available):
-        short = sorted(k for k, v in child.capacity.items() if v > available.get(k, ZERO))
+    if not fits(wanted, available):
+        short = sorted(k for k, v in wanted.items() if v > available.get(k, ZERO))
         ledger.pending[child.uid] = Admission(
             False, "InsufficientCapacity", f"not enough available {', '.join(short)}"
         )
         return child.name
-    available.update(subtract(available, child.capacity))
+    available.update(subtract(available, wanted))
     entry = ChildEntry(
         envelope=child.name,
         namespace=child.namespace,
         phase=ChildPhase.RESERVED,
-        reserved=dict(child.capacity),
+        reserved=wanted,
         reserved_at=ledger.now,
     )
     ledger.children[child.uid] = entry
@@ -323,7 +336,9 @@ def _why_waiting(parent: ParentView, capacity: Mapping[str, Decimal]) -> str:
         return f"waiting for {what}, which does not exist"
     if parent.depth is None:
         return f"waiting for {what} to open"
-    problem = child_problem(capacity, parent.capacity, parent.depth)
+    problem = child_problem(
+        drawn_part(parent.kind, capacity, parent.capacity), parent.capacity, parent.depth
+    )
     if problem is not None:
         return f"{what} cannot admit it: {problem}"
     return f"waiting for room in {what}"

@@ -35,8 +35,11 @@ class PoolWriter:
         record: Recorder,
         poke_envelope: Callable[[str, str], None],
         clock: Callable[..., Any] = utcnow,
+        watched: frozenset[str] | None = None,
     ) -> None:
+        """watched: the namespaces this operator serves; None for the whole cluster."""
         self.client = client
+        self.watched = watched
         self.record = record
         self.poke_envelope = poke_envelope
         self.clock = clock
@@ -73,6 +76,12 @@ class PoolWriter:
         except ValidationError as error:
             self.record(pool, "Warning", "UnreadablePool", str(error)[:900])
             raise LedgerStuckError(f"pool {name}: unreadable: {error}") from None
+        outside = sorted(set(spec.namespaces) - self.watched) if self.watched is not None else []
+        if outside:
+            # Another operator (or none) serves those namespaces: their envelopes' fate
+            # cannot be read from here, so this operator leaves the pool alone.
+            log.info("pool %s lists namespaces this operator does not watch: %s", name, outside)
+            return PoolReconciliation(status, [], {})
         facts = PoolFacts(
             spec=spec,
             name=name,
