@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import time
 from collections.abc import Callable
@@ -13,7 +14,7 @@ from typing import Any, TypeVar
 
 from reservoir.core.claimstatus import settled_record
 from reservoir.core.model import LedgerEntry
-from reservoir.sdk import ClaimView, EnvelopeView, Reservoir
+from reservoir.sdk import ClaimView, EnvelopeView, LeaseUncertainError, Reservoir, StaleClaimError
 from tests.clusters import ClusterHandle
 
 T = TypeVar("T")
@@ -124,3 +125,50 @@ def records(sdk: Reservoir, envelope: str) -> dict[str, LedgerEntry]:
         if record is not None:
             found[view.name] = record
     return found
+
+
+# How a churn's claims may settle (test_crash_churn, test_nested_budgets).
+SETTLE_REASONS = {
+    "Completed", "SettledAfterDetach", "Cancelled", "Deleted", "LeaseExpired",
+    "FinishedBeforeCommit", "AmbiguityDeadlineRelease", "AmbiguityDeadlineQuarantine",
+    "CancelledWhilePending", "DeletedWhilePending", "ForceSettled",
+}  # fmt: skip
+
+
+def run_branch(
+    sdk: Reservoir,
+    envelope: str,
+    name: str,
+    index: int,
+    rng: random.Random,
+    declared: dict[str, str],
+    within: float = 120,
+    tolerated: tuple[type[Exception], ...] = (StaleClaimError, LeaseUncertainError),
+) -> None:
+    """One branch of a churn, chosen at random: pruned, completed, lazily dispatched,
+    abandoned before dispatch, or disconnected after it. `declared`: the final usage of
+    each branch that reported one. An operator down too long for a branch (a refusal in
+    `tolerated`, or a timeout) leaves it to its lease."""
+    reserved = rng.randint(1, 100)
+    kind = rng.choice(["prune", "complete", "lazy", "abandon", "disconnect"])
+    try:
+        claim = sdk.hold(
+            envelope, f"b{index}", {"tokens": str(reserved)}, name=name,
+            dispatch=kind in ("lazy", "disconnect"),
+        )  # fmt: skip
+        if kind == "abandon":
+            return
+        if kind == "prune":
+            sdk.cancel(sdk.wait(claim, phase="Tentative", within=within))
+            return
+        claim = sdk.wait(claim, condition="Reserved", within=within)
+        if kind == "complete":
+            claim = sdk.dispatch(claim)
+            claim = sdk.report_usage(claim, {"tokens": str(rng.randint(0, reserved))})
+        if kind == "disconnect":
+            return
+        final = rng.randint(int(claim.spec.usage.get("tokens", 0)), reserved)
+        declared[name] = str(final)
+        sdk.finish(sdk.get(claim), {"tokens": str(final)})
+    except (*tolerated, TimeoutError):
+        pass

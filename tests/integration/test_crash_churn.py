@@ -14,47 +14,13 @@ from decimal import Decimal
 
 from reservoir.core.claimstatus import settled_record
 from reservoir.core.model import TERMINAL_PHASES, BranchClaimStatus
-from reservoir.sdk import LeaseUncertainError, Reservoir, StaleClaimError
+from reservoir.sdk import Reservoir
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess, StartOperator
-from tests.integration.helpers import create_envelope, eventually
+from tests.integration.helpers import SETTLE_REASONS, create_envelope, eventually, run_branch
 
 CLAIMS = 200
 WORKERS = 4
-SETTLE_REASONS = {
-    "Completed", "SettledAfterDetach", "Cancelled", "Deleted", "LeaseExpired",
-    "FinishedBeforeCommit", "AmbiguityDeadlineRelease", "AmbiguityDeadlineQuarantine",
-    "CancelledWhilePending", "DeletedWhilePending", "ForceSettled",
-}  # fmt: skip
-
-
-def run_branch(sdk: Reservoir, index: int, rng: random.Random, declared: dict[str, str]) -> None:
-    """One branch of a workflow, chosen at random: pruned, completed, lazily dispatched,
-    abandoned before dispatch, or disconnected after it."""
-    name = f"c{index:03d}"
-    reserved = rng.randint(1, 100)
-    kind = rng.choice(["prune", "complete", "lazy", "abandon", "disconnect"])
-    try:
-        claim = sdk.hold(
-            "churn", f"b{index}", {"tokens": str(reserved)}, name=name,
-            dispatch=kind in ("lazy", "disconnect"),
-        )  # fmt: skip
-        if kind == "abandon":
-            return
-        if kind == "prune":
-            sdk.cancel(sdk.wait(claim, phase="Tentative", within=120))
-            return
-        claim = sdk.wait(claim, condition="Reserved", within=120)
-        if kind == "complete":
-            claim = sdk.dispatch(claim)
-            claim = sdk.report_usage(claim, {"tokens": str(rng.randint(0, reserved))})
-        if kind == "disconnect":
-            return
-        final = rng.randint(int(claim.spec.usage.get("tokens", 0)), reserved)
-        declared[name] = str(final)
-        sdk.finish(sdk.get(claim), {"tokens": str(final)})
-    except (StaleClaimError, LeaseUncertainError, TimeoutError):
-        pass  # the operator was down too long for this branch: its lease decides
 
 
 def churn(cluster: ClusterHandle, ns: str, chaos: Callable[[threading.Event], None]) -> None:
@@ -71,7 +37,7 @@ def churn(cluster: ClusterHandle, ns: str, chaos: Callable[[threading.Event], No
         rng = random.Random(slot)
         with Reservoir(namespace=ns, kubeconfig=str(cluster.kubeconfig_path)) as sdk:
             for index in range(slot, CLAIMS, WORKERS):
-                run_branch(sdk, index, rng, declared)
+                run_branch(sdk, "churn", f"c{index:03d}", index, rng, declared)
 
     with ThreadPoolExecutor(WORKERS) as pool:
         list(pool.map(worker, range(WORKERS)))
@@ -95,7 +61,7 @@ def verify(cluster: ClusterHandle, ns: str, declared: dict[str, str]) -> None:
     eventually("every claim to settle", all_settled, timeout=180, every=1)
     envelope = json.loads(cluster.kubectl("get", "renv", "churn", "-n", ns, "-o", "json"))
     status = envelope["status"]
-    totals = {k: Decimal(v["tokens"]) for k, v in status["totals"].items()}
+    totals = {k: Decimal(v.get("tokens", "0")) for k, v in status["totals"].items()}
     # Each claim's record: its ledger entry, or the one its status carries once compacted.
     entries = {}
     for claim in claims_of(cluster, ns):

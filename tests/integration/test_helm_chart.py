@@ -422,7 +422,13 @@ def test_install_upgrade_uninstall(
     assert exists(cluster, "role", full, ns) and exists(cluster, "kopfpeering", full, ns)
     assert not exists(cluster, "clusterkopfpeering", full)
     rules = json.loads(cluster.kubectl("get", "clusterrole", full, "-o", "json"))["rules"]
-    assert {r["resources"][0] for r in rules} == {"customresourcedefinitions", "namespaces"}
+    # Cluster-scoped reads only, and the tenant pools (cluster-scoped themselves).
+    assert {r["resources"][0] for r in rules} == {
+        "customresourcedefinitions",
+        "namespaces",
+        "reservationpools",
+        "reservationpools/status",
+    }
 
     helm(cluster, "uninstall", name, "-n", namespace, "--wait")
     leftovers = cluster_scoped_of(cluster, name) + [

@@ -23,7 +23,15 @@ from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
 from reservoir.sdk import Reservoir, ReservoirError
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess, StartOperator
-from tests.integration.helpers import eventually, records, settled_ledger, totals, wait_phase
+from tests.integration.helpers import (
+    SETTLE_REASONS,
+    eventually,
+    records,
+    run_branch,
+    settled_ledger,
+    totals,
+    wait_phase,
+)
 
 HOLD_FINALIZER = "test.reservoir.dev/hold"  # ours: keeps a deleted object in view
 OPERATOR_FINALIZER = "reservoir.dev/settlement"
@@ -555,42 +563,6 @@ def test_deleting_an_admitted_child_waits_until_its_parent_settled_its_line(
 CHILDREN = ("k0", "k1", "k2")
 CLAIMS_PER_CHILD = 20
 CHILD_TOKENS = 2000
-SETTLE_REASONS = {
-    "Completed", "SettledAfterDetach", "Cancelled", "Deleted", "LeaseExpired",
-    "FinishedBeforeCommit", "AmbiguityDeadlineRelease", "AmbiguityDeadlineQuarantine",
-    "CancelledWhilePending", "DeletedWhilePending", "ForceSettled",
-}  # fmt: skip
-
-
-def run_branch(
-    sdk: Reservoir, envelope: str, index: int, rng: random.Random, declared: dict[str, str]
-) -> None:
-    """One branch, chosen at random: pruned, completed, lazily dispatched, abandoned before
-    dispatch, or disconnected after it (as in test_crash_churn)."""
-    name = f"{envelope}-c{index:02d}"
-    reserved = rng.randint(1, 100)
-    kind = rng.choice(["prune", "complete", "lazy", "abandon", "disconnect"])
-    try:
-        claim = sdk.hold(
-            envelope, f"b{index}", {"tokens": str(reserved)}, name=name,
-            dispatch=kind in ("lazy", "disconnect"),
-        )  # fmt: skip
-        if kind == "abandon":
-            return
-        if kind == "prune":
-            sdk.cancel(sdk.wait(claim, phase="Tentative", within=60))
-            return
-        claim = sdk.wait(claim, condition="Reserved", within=60)
-        if kind == "complete":
-            claim = sdk.dispatch(claim)
-            claim = sdk.report_usage(claim, {"tokens": str(rng.randint(0, reserved))})
-        if kind == "disconnect":
-            return
-        final = rng.randint(int(claim.spec.usage.get("tokens", 0)), reserved)
-        declared[name] = str(final)
-        sdk.finish(sdk.get(claim), {"tokens": str(final)})
-    except (ReservoirError, TimeoutError):
-        pass  # the operator was down too long for this branch: its lease decides
 
 
 def test_kill_9_during_a_nested_churn_settles_every_level_exactly_once(
@@ -620,7 +592,16 @@ def test_kill_9_during_a_nested_churn_settles_every_level_exactly_once(
         wait_envelope_phase(cluster, ns, child, "Open", within=60)
         with Reservoir(namespace=ns, kubeconfig=str(cluster.kubeconfig_path)) as sdk:
             for index in range(CLAIMS_PER_CHILD):
-                run_branch(sdk, child, index, branch_rng, declared)
+                run_branch(
+                    sdk,
+                    child,
+                    f"{child}-c{index:02d}",
+                    index,
+                    branch_rng,
+                    declared,
+                    60,
+                    (ReservoirError,),
+                )
         close(cluster, ns, child)
 
     chaos = threading.Thread(target=kill_and_restart, daemon=True)

@@ -458,6 +458,12 @@ def record_after_settlement(step: Step) -> None:
             "create a new claim (new attempt) instead",
             warning=True,
         )
+    if facts.cancelling and not never_ran and not entry.cancel_requested:
+        # A cancel asked after the commit point is recorded whenever it comes: before the
+        # final report, with it, or after it (found by the tree audit: one look or two
+        # must record the same). Nothing moves: the claim has settled.
+        entry.cancel_requested = True
+        step.note("CancelRequested", "cancel requested after settlement: recorded")
     pod = facts.pod
     pod_started = pod is not None and (pod.scheduled or pod.running)
     if pod_started and never_ran and not entry.pod_started_late:

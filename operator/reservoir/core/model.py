@@ -702,6 +702,12 @@ class ReservationEnvelopeStatus(Model):
     queue_reason: str | None = Field(
         default=None, max_length=1024, description="Why the envelope is still Pending."
     )
+    closed_by_parent: bool = Field(
+        default=False,
+        description="Its parent or pool is being deleted (or is gone): it closes and "
+        "cancels its claims as if deleted itself, and its own children do the same. "
+        "Recorded once; it never goes back.",
+    )
     loans: dict[str, Loan] = Field(
         default_factory=dict,
         description="Loans to siblings, keyed by the borrower's UID (policy.lending).",

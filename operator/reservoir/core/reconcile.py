@@ -194,7 +194,12 @@ def reconcile(
         envelope = replace(envelope, parent=parent)
     drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now)
     ledger.parent, ledger.queue_reason = drawn.record, drawn.waiting
+    deleted_itself = envelope.deleting
     envelope = envelope.effective(ledger.parent)
+    if envelope.deleting and not deleted_itself:
+        ledger.closed_by_parent = True  # recorded: its children read it, ancestors may go
+    if ledger.closed_by_parent:
+        envelope = replace(envelope, deleting=True)
     result.admitted = ledger.parent is not None and ledger.parent.admitted_at is not None
     if result.admitted and ledger.parent is not None and ledger.parent.reserved:
         # Drawn from a parent or pool: it holds what was reserved there, whatever its spec
@@ -276,14 +281,19 @@ def reconcile(
         if isinstance(item, ChildFacts):
             # A parent not open yet admits nobody, but still records the withdrawal of a
             # child closed or deleted meanwhile: the child may then go.
-            if result.admitted or not envelope.accepting(now) or not item.accepting:
+            if (
+                result.admitted
+                or not envelope.accepting(now)
+                or _withdrawn(result)
+                or not item.accepting
+            ):
                 blocked_by = admit_child(
                     children,
                     item,
                     balance,
                     envelope.spec.capacity,
                     depth,
-                    result.admitted and envelope.accepting(now),
+                    result.admitted and envelope.accepting(now) and not _withdrawn(result),
                     blocked_by,
                 )
             continue
@@ -725,6 +735,8 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
             settled = False
         if envelope.expired(now):
             ledger.phase = EnvelopePhase.EXPIRED
+        elif ledger.closed_at is not None:
+            ledger.phase = EnvelopePhase.CLOSED  # closed once, closed for good
         else:
             ledger.phase = EnvelopePhase.CLOSED if settled else EnvelopePhase.CLOSING
         if settled and ledger.closed_at is None:

@@ -156,7 +156,7 @@ def envelope_view(body: Mapping[str, Any] | None, name: str, child_uid: str) -> 
         depth=record.depth if opened and record is not None else None,
         capacity=spec.capacity,
         line=status.children.get(child_uid),
-        deleting=bool(body["metadata"].get("deletionTimestamp")),
+        deleting=bool(body["metadata"].get("deletionTimestamp")) or status.closed_by_parent,
     )
 
 

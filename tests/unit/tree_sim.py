@@ -1,0 +1,652 @@
+"""A budget tree driven through the pure core only: a tenant's ReservationPool, envelopes
+drawn from it or from one another (spec.parent), and their claims.
+
+Each object's status is its own durable record, written only by its own reconcile (one
+compare-and-swap), as the Kubernetes adapter does:
+
+- an envelope's reconcile reads its own spec and status fresh, its claims' facts, and the
+  other envelopes and the pool's status (k8s/budgets.py): its parent (ParentView: the
+  parent's UID, its recorded depth once admitted, its ledger line for this envelope, whether
+  it is being deleted, whether following the parents leads back here) and its children
+  (ChildFacts: spec, and from their status the record of where they draw from and, once
+  closed, the balance they released);
+- the pool's reconcile reads the root envelopes (those without a parent) the same way;
+- a deleted envelope goes away (its finalizer is removed) only in its own reconcile, once it
+  has closed, its parent knows its fate (its line settled and mirrored here, or it was
+  withdrawn, or never admitted and its parent is gone) and every child of its own has
+  recorded its fate (`may_go`, as handlers/envelopes.py decides);
+- claims are never removed: their settled records are mirrored into their own status after
+  each reconcile of their envelope, so the ledger compacts.
+
+The adapter reads the other objects fresh from the API server. A reconcile here may read
+them older than that (`lag`): from an informer-like cache, consistent as of one moment (a
+prefix of the event stream), monotonic, and never older than the reconciled object's own
+latest event. A `Run` is one operator's view of one shared `World` of client-written facts
+(the pool's spec and deletion are always read fresh); two runs over the same world are two
+operators, one of which may have missed states (coalescing).
+
+`Books` is an auditor that shares no arithmetic with the core: it checks every status
+after every step, and keeps the first-seen admission and settlement of every claim and every
+child line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from reservoir.core.budgets import ChildFacts, ParentView
+from reservoir.core.claimstatus import claim_status, settled_record
+from reservoir.core.lifecycle import ClaimFacts
+from reservoir.core.model import (
+    MAX_DEPTH,
+    BranchClaimSpec,
+    ChildEntry,
+    ChildPhase,
+    ClaimPhase,
+    EnvelopePhase,
+    EnvelopePolicy,
+    EnvelopeState,
+    LedgerEntry,
+    ParentKind,
+    ParentRecord,
+    ReservationEnvelopeSpec,
+    ReservationEnvelopeStatus,
+    ReservationPoolSpec,
+    ReservationPoolStatus,
+    ResourceTotals,
+)
+from reservoir.core.pool import POOL_DEPTH, PoolFacts, PoolReconciliation, reconcile_pool
+from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+NAMESPACE = "team-a"
+POOL = "pool"  # the pool's key wherever envelopes and the pool are named together
+ZERO = Decimal(0)
+# Leases that never lapse in a history: the tree's protocol is the subject here (the claim
+# audits cover leases and deadlines).
+LONG_LIVED = EnvelopePolicy(default_lease_seconds=10**6, max_claim_lifetime_seconds=10**6)
+
+
+def amounts(resources: Mapping[str, Any]) -> dict[str, Decimal]:
+    return {name: Decimal(str(value)) for name, value in resources.items()}
+
+
+def same(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> bool:
+    """Equal as resource maps (a missing resource is zero)."""
+    return all(a.get(k, ZERO) == b.get(k, ZERO) for k in {*a, *b})
+
+
+def plus(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    return {k: a.get(k, ZERO) + b.get(k, ZERO) for k in {*a, *b}}
+
+
+def minus(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    return {k: a.get(k, ZERO) - b.get(k, ZERO) for k in {*a, *b}}
+
+
+# --- what people, orchestrators and workers write ----------------------------------------
+
+
+@dataclass(frozen=True)
+class Envelope:
+    uid: str
+    name: str
+    created_at: datetime
+    spec: ReservationEnvelopeSpec
+    deleting: bool = False
+
+    @property
+    def accepting(self) -> bool:
+        """Not closed nor being deleted (its lifetime aside: see `open_at`)."""
+        return not self.deleting and self.spec.state is EnvelopeState.OPEN
+
+    def open_at(self, now: datetime) -> bool:
+        lifetime = self.spec.lifetime_seconds
+        expired = lifetime is not None and now >= self.created_at + timedelta(seconds=lifetime)
+        return self.accepting and not expired
+
+
+@dataclass
+class World:
+    """Client-written facts, shared by every run: specs, deletions, claims' declared facts."""
+
+    pool: PoolFacts | None = None
+    envelopes: dict[str, Envelope] = field(default_factory=dict)  # uid -> envelope
+    claims: dict[str, ClaimFacts] = field(default_factory=dict)  # uid (= name) -> facts
+    now: datetime = T0
+    changes: int = 0  # bumped by every write: runs log a snapshot per change
+
+    @staticmethod
+    def with_pool(capacity: Mapping[str, Any]) -> World:
+        spec = ReservationPoolSpec(capacity=capacity, namespaces=[NAMESPACE])
+        return World(pool=PoolFacts(spec=spec, name="tenant", uid="pool-uid"))
+
+    def uid(self, name: str) -> str:
+        """The uid of the latest envelope of that name (or the one it would get)."""
+        named = [e.uid for e in self.envelopes.values() if e.name == name]
+        return named[-1] if named else f"{name}-uid"
+
+    def envelope(self, name: str) -> Envelope:
+        return self.envelopes[self.uid(name)]
+
+    def create_envelope(
+        self,
+        name: str,
+        capacity: Mapping[str, Any],
+        parent: str | None = None,
+        priority: int = 0,
+        policy: EnvelopePolicy = LONG_LIVED,
+        uid: str | None = None,
+        lifetime: int | None = None,
+    ) -> str:
+        """`uid`: another one for a name used before (the one it had must be gone)."""
+        uid = uid or f"{name}-uid"
+        assert uid not in self.envelopes, f"{uid} exists"
+        spec = ReservationEnvelopeSpec(
+            capacity=capacity,
+            parent=parent,
+            priority=priority,
+            policy=policy,
+            lifetime_seconds=lifetime,
+        )
+        self.envelopes[uid] = Envelope(uid, name, self.now, spec)
+        self.changes += 1
+        return uid
+
+    def close(self, name: str) -> None:
+        env = self.envelope(name)
+        spec = env.spec.model_copy(update={"state": EnvelopeState.CLOSED})
+        self.envelopes[env.uid] = replace(env, spec=spec)
+        self.changes += 1
+
+    def delete(self, name: str) -> None:
+        env = self.envelope(name)
+        self.envelopes[env.uid] = replace(env, deleting=True)
+        self.changes += 1
+
+    def create_claim(
+        self, name: str, envelope: str, requests: Mapping[str, Any], **spec: Any
+    ) -> None:
+        assert name not in self.claims
+        full = BranchClaimSpec(envelope=envelope, branch=name, requests=requests, **spec)
+        self.claims[name] = ClaimFacts(uid=name, name=name, created_at=self.now, spec=full)
+
+    def update_claim(self, name: str, **changes: Any) -> None:
+        facts = self.claims[name]
+        spec = BranchClaimSpec.model_validate({**facts.spec.model_dump(), **changes})
+        self.claims[name] = replace(facts, spec=spec)
+
+    def grow(self, name: str, capacity: Mapping[str, Any]) -> None:
+        """A root's capacity may grow (the CRD fixes a child's, with spec.parent)."""
+        env = self.envelope(name)
+        assert env.spec.parent is None
+        grown = {**env.spec.capacity, **amounts(capacity)}
+        spec = env.spec.model_copy(update={"capacity": grown})
+        self.envelopes[env.uid] = replace(env, spec=spec)
+        self.changes += 1
+
+    def delete_pool(self) -> None:
+        assert self.pool is not None
+        self.pool = replace(self.pool, deleting=True)
+        self.changes += 1
+
+    def delete_claim(self, name: str) -> None:
+        self.claims[name] = replace(self.claims[name], deleting=True)
+
+    def tick(self, seconds: float = 1) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+# --- one operator ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """An informer cache at one moment: the envelopes that exist, with their status."""
+
+    envelopes: Mapping[str, tuple[Envelope, ReservationEnvelopeStatus]]
+    pool: ReservationPoolStatus
+
+
+def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: datetime) -> ChildFacts:
+    return ChildFacts(
+        uid=envelope.uid,
+        name=envelope.name,
+        created_at=envelope.created_at,
+        capacity=envelope.spec.capacity,
+        namespace=NAMESPACE,
+        priority=envelope.spec.priority,
+        accepting=envelope.open_at(now),
+        record=status.parent,
+        balance_released=dict(status.balance_released) if status.closed_at is not None else None,
+    )
+
+
+def leads_back(envelope: Envelope, seen: Iterable[Envelope]) -> bool:
+    """Following the parents from this envelope's parent leads back to it."""
+    by_name = {e.name: e for e in seen}
+    name, visited = envelope.spec.parent, set[str]()
+    while name is not None and name not in visited:
+        if name == envelope.name:
+            return True
+        visited.add(name)
+        parent = by_name.get(name)
+        name = parent.spec.parent if parent is not None else None
+    return False
+
+
+def may_go(result: Reconciliation) -> bool:
+    """A deleted envelope's finalizer goes (handlers/envelopes.py): nothing live in its
+    ledger, every child has recorded its fate from its own line (children_unsettled), and
+    its parent has nothing more to learn from it (done_upward: closed, and its line settled
+    and mirrored, or withdrawn, or never admitted and its parent gone)."""
+    status = result.status
+    live = [e for e in status.entries.values() if not e.phase.terminal]
+    live += [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
+    return not live and not result.children_unsettled and result.done_upward
+
+
+class Run:
+    """One operator over a shared world: its own statuses, finalizers and cache."""
+
+    def __init__(self, world: World) -> None:
+        self.world = world
+        self.pool = ReservationPoolStatus()
+        self.statuses: dict[str, ReservationEnvelopeStatus] = {}
+        self.gone: set[str] = set()
+        self.records: dict[str, LedgerEntry] = {}  # claim uid -> its status's settled record
+        self.results: dict[str, Reconciliation] = {}
+        self.pool_result: PoolReconciliation | None = None
+        self.log: list[Snapshot] = [self.snapshot()]
+        self.logged_changes = world.changes
+        self.changed_at: dict[str, int] = {}  # object -> log index of its latest event
+        self.read_at = 0  # the cache never goes back
+        self.books = Books(self)
+
+    # - state -
+    def status(self, uid: str) -> ReservationEnvelopeStatus:
+        return self.statuses.get(uid) or ReservationEnvelopeStatus()
+
+    def exists(self, uid: str) -> bool:
+        return uid in self.world.envelopes and uid not in self.gone
+
+    def live(self) -> dict[str, Envelope]:
+        return {u: e for u, e in self.world.envelopes.items() if u not in self.gone}
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot({u: (e, self.status(u)) for u, e in self.live().items()}, self.pool)
+
+    def observe(self, *changed: str) -> None:
+        """Log the state after a step (the informer's event stream)."""
+        if self.world.changes != self.logged_changes:
+            self.logged_changes = self.world.changes
+            changed = (*changed, *self.world.envelopes)  # a spec write: mark them all
+        self.log.append(self.snapshot())
+        for uid in changed:
+            self.changed_at[uid] = len(self.log) - 1
+
+    def view(self, uid: str, lag: int) -> Snapshot:
+        self.observe()
+        index = max(self.read_at, self.changed_at.get(uid, 0), len(self.log) - 1 - lag)
+        self.read_at = index
+        return self.log[index]
+
+    # - the operator -
+    def reconcile(self, target: str, lag: int = 0) -> None:
+        if target == POOL:
+            self.reconcile_pool(lag)
+        else:
+            self.reconcile_envelope(target, lag)
+
+    def reconcile_envelope(self, uid: str, lag: int = 0) -> None:
+        if not self.exists(uid):
+            return
+        world, envelope = self.world, self.world.envelopes[uid]
+        snap = self.view(uid, lag)
+        seen = dict(snap.envelopes)
+        seen[uid] = (envelope, self.status(uid))  # its own spec and status: fresh
+        facts = EnvelopeFacts(
+            spec=envelope.spec,
+            created_at=envelope.created_at,
+            deleting=envelope.deleting,
+            name=envelope.name,
+            uid=uid,
+            parent=self.parent_view(envelope, seen, snap.pool),
+            children=tuple(
+                child_facts(e, s, world.now)
+                for e, s in seen.values()
+                if e.spec.parent == envelope.name
+            ),
+        )
+        claims = [
+            replace(c, settled_record=self.records.get(c.uid))
+            for c in world.claims.values()
+            if c.spec.envelope == envelope.name
+        ]
+        result = reconcile(facts, self.status(uid), claims, world.now)
+        self.statuses[uid], self.results[uid] = result.status, result
+        for claim in claims:  # the writer mirrors settled entries into the claims' status
+            entry = result.entry(claim.uid)
+            if entry is not None and entry.settlement is not None:
+                status = claim_status(entry, None, None, None, world.now)
+                record = settled_record(status, claim.uid, claim.name, claim.spec.attempt)
+                assert record is not None
+                self.records[claim.uid] = record
+        self.books.check()  # the status as written, before its finalizer may go
+        if envelope.deleting and may_go(result):
+            self.gone.add(uid)
+            self.books.check()
+        self.observe(uid)
+
+    def reconcile_pool(self, lag: int = 0) -> None:
+        pool = self.world.pool
+        if pool is None:
+            return
+        snap = self.view(POOL, lag)
+        envelopes = [
+            child_facts(e, s, self.world.now)
+            for e, s in snap.envelopes.values()
+            if e.spec.parent is None or e.uid in self.pool.children
+        ]
+        self.pool_result = reconcile_pool(pool, self.pool, envelopes, self.world.now)
+        self.pool = self.pool_result.status
+        self.observe(POOL)
+        self.books.check()
+
+    def parent_view(
+        self,
+        envelope: Envelope,
+        seen: Mapping[str, tuple[Envelope, ReservationEnvelopeStatus]],
+        pool_status: ReservationPoolStatus,
+    ) -> ParentView | None:
+        if envelope.spec.parent is None:
+            pool = self.world.pool
+            if pool is None:
+                return None
+            return ParentView(
+                ParentKind.POOL,
+                pool.name,
+                pool.uid,
+                POOL_DEPTH,
+                pool.spec.capacity,
+                pool_status.children.get(envelope.uid),
+                pool.deleting,
+            )
+        named = [(e, s) for e, s in seen.values() if e.name == envelope.spec.parent]
+        if not named:
+            return None  # not found: the core shows it waiting (or closes it, deleted)
+        parent, status = named[0]
+        record = status.parent
+        admitted = record is not None and record.admitted_at is not None
+        return ParentView(
+            ParentKind.ENVELOPE,
+            parent.name,
+            parent.uid,
+            record.depth if record is not None and admitted else None,
+            parent.spec.capacity,
+            status.children.get(envelope.uid),
+            parent.deleting or status.closed_by_parent,
+            leads_back(envelope, (e for e, _ in seen.values())),
+        )
+
+    def round(self) -> None:
+        """Every object once, fresh: the pool first, then the envelopes by name."""
+        self.reconcile_pool()
+        for uid in sorted(self.live()):
+            self.reconcile_envelope(uid)
+
+    def settle(self, max_rounds: int = 40) -> int:
+        """Reconcile everything until nothing changes; returns the rounds it took."""
+        for rounds in range(1, max_rounds + 1):
+            before = self.fingerprint()
+            self.round()
+            if self.fingerprint() == before:
+                return rounds
+        raise AssertionError(f"still changing after {max_rounds} rounds")
+
+    def fingerprint(self) -> Any:
+        return (
+            self.pool.model_dump(),
+            {u: s.model_dump() for u, s in self.statuses.items() if u not in self.gone},
+            frozenset(self.gone),
+            {u: r.model_dump() for u, r in self.records.items()},
+        )
+
+    # - reading -
+    def of(self, name: str) -> ReservationEnvelopeStatus:
+        return self.status(self.world.uid(name))
+
+    def totals(self, name: str) -> ResourceTotals:
+        return self.pool.totals if name == POOL else self.of(name).totals
+
+    def line(self, parent: str, child: str) -> ChildEntry | None:
+        lines = self.pool.children if parent == POOL else self.of(parent).children
+        return lines.get(self.world.uid(child))
+
+    def claim(self, name: str) -> LedgerEntry | None:
+        facts = self.world.claims[name]
+        env = self.world.uid(facts.spec.envelope)
+        return self.status(env).entries.get(name) or self.records.get(name)
+
+
+# --- the auditor ---------------------------------------------------------------------------
+
+
+def check_totals(where: str, totals: ResourceTotals) -> None:
+    for name, capacity in totals.capacity.items():
+        parts = [
+            totals.committed.get(name, ZERO),
+            totals.reserved.get(name, ZERO),
+            totals.reconciling.get(name, ZERO),
+            totals.available.get(name, ZERO),
+        ]
+        assert all(p >= 0 for p in parts), f"{where} {name}: negative part in {parts}"
+        # Loans between siblings (policy.lending, off here) keep the identity with
+        # lent on the left and borrowed on the right.
+        lent, borrowed = totals.lent.get(name, ZERO), totals.borrowed.get(name, ZERO)
+        assert lent >= 0 and borrowed >= 0, f"{where} {name}: negative loan"
+        assert sum(parts, lent) == capacity + borrowed, f"{where} {name}: {parts} != {capacity}"
+
+
+def held(entries: Iterable[LedgerEntry], lines: Iterable[ChildEntry]) -> tuple[dict, dict]:
+    reserved: dict[str, Decimal] = {}
+    reconciling: dict[str, Decimal] = {}
+    for entry in entries:
+        if entry.phase is ClaimPhase.DETACHED:
+            reconciling = plus(reconciling, entry.reserved)
+        elif entry.phase in (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
+            reserved = plus(reserved, entry.reserved)
+    for line in lines:
+        if line.phase is ChildPhase.RESERVED:
+            reserved = plus(reserved, line.reserved)
+    return reserved, reconciling
+
+
+@dataclass
+class Closed:
+    closed_at: datetime
+    balance: dict[str, Decimal]
+    totals: ResourceTotals
+    admitted: bool
+
+
+class Books:
+    """The auditor's own records of one run, checked after every reconcile."""
+
+    def __init__(self, run: Run) -> None:
+        self.run = run
+        self.claim_admitted: dict[str, tuple[str, datetime, dict[str, Decimal]]] = {}
+        self.claim_settled: dict[str, tuple[str, LedgerEntry]] = {}  # uid -> (envelope, entry)
+        self.line_reserved: dict[tuple[str, str], tuple[datetime | None, dict]] = {}
+        self.line_settled: dict[tuple[str, str], ChildEntry] = {}  # (parent, child) -> line
+        self.records: dict[str, ParentRecord] = {}  # envelope -> its first record, unsettled
+        self.closed: dict[str, Closed] = {}
+
+    def check(self) -> None:
+        run = self.run
+        if run.pool.totals.capacity:
+            check_totals("pool", run.pool.totals)
+        self._lines(POOL, run.pool.children)
+        self._committed(POOL, run.pool.totals, ())
+        for uid in run.live():
+            status = run.status(uid)
+            if not status.totals.capacity:
+                continue  # never reconciled
+            self._envelope(uid, status)
+        self._one_line_each()
+
+    def _envelope(self, uid: str, status: ReservationEnvelopeStatus) -> None:
+        run, envelope = self.run, self.run.world.envelopes[uid]
+        totals = status.totals
+        check_totals(uid, totals)
+        reserved, reconciling = held(status.entries.values(), status.children.values())
+        assert same(totals.reserved, reserved), f"{uid}: reserved {totals.reserved} != {reserved}"
+        assert same(totals.reconciling, reconciling), uid
+        self._lines(uid, status.children)
+        # claims: admitted once, settled once
+        claims = [c.uid for c in run.world.claims.values() if c.spec.envelope == envelope.name]
+        for claim in claims:
+            entry = status.entries.get(claim) or run.records.get(claim)
+            if entry is None:
+                continue
+            if entry.first_reserved_at is not None:
+                admitted = (uid, entry.first_reserved_at, dict(entry.reserved))
+                assert self.claim_admitted.setdefault(claim, admitted) == admitted, claim
+            if entry.settlement is not None:
+                first = self.claim_settled.setdefault(claim, (uid, entry.model_copy(deep=True)))
+                assert first[1].settlement == entry.settlement, f"{claim} settled twice"
+                assert (first[1].consumed, first[1].released) == (
+                    entry.consumed,
+                    entry.released,
+                ), f"{claim} settled twice"
+                assert same(plus(entry.consumed, entry.released), entry.reserved), claim
+        record = status.parent
+        admitted = record is not None and record.admitted_at is not None
+        if not admitted:
+            live = [e for e in status.entries.values() if e.first_reserved_at is not None]
+            assert not live, f"{uid} admitted claims before its parent held its capacity"
+            assert not [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
+        if record is not None:
+            first_record = record.model_copy(update={"settled": None})
+            known = self.records.setdefault(uid, first_record)
+            assert known == first_record, f"{uid}: its record changed: {known} -> {record}"
+            assert record.depth <= MAX_DEPTH, f"{uid} at depth {record.depth}"
+            if record.settled is not None:
+                line = self.line_settled.get((parent_key(record), uid))
+                assert line is not None, f"{uid} mirrored a line its parent never settled"
+                assert record.settled == line, f"{uid} mirrored another line: {record.settled}"
+            if admitted and record.kind is ParentKind.ENVELOPE and run.exists(record.uid):
+                parent = run.status(record.uid).parent
+                assert parent is not None and record.depth == parent.depth + 1, (
+                    f"{uid} at depth {record.depth} under a parent recorded {parent}"
+                )
+            if admitted and record.kind is ParentKind.POOL:
+                assert record.depth == POOL_DEPTH + 1, uid
+            if admitted and record.kind is not ParentKind.ROOT:
+                # it holds what its parent reserved for it, whatever its spec says since
+                drawn = {k: totals.capacity.get(k) for k in record.reserved}
+                assert drawn == record.reserved, f"{uid}: {totals} != {record}"
+        self._committed(uid, totals, claims)
+        if status.closed_at is not None:
+            # Nothing it recorded at close changes again (its capacity may still grow in its
+            # spec where it is its own: a root's, or what a pool does not name).
+            frozen = totals.model_copy(update={"capacity": {}, "available": {}})
+            closed = Closed(status.closed_at, dict(status.balance_released), frozen, admitted)
+            first = self.closed.setdefault(uid, closed)
+            assert first == closed, f"{uid} changed after it closed: {first} -> {closed}"
+            assert same(totals.reserved, {}) and same(totals.reconciling, {}), uid
+            # Closed for good: it admits nothing after it released its balance. (Its phase
+            # may show Closing again for a while: test_a_closed_envelope_stays_closed.)
+            assert status.phase not in (EnvelopePhase.OPEN, EnvelopePhase.PENDING), uid
+            late = [e for e in status.entries.values() if e.phase.holds_capacity]
+            late += [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
+            assert not late, f"{uid} admitted after it closed: {late}"
+            if first is closed:  # as it closed: R − C, or nothing if it never held anything
+                expected = minus(totals.capacity, totals.committed) if admitted else {}
+                assert same(status.balance_released, expected), f"{uid}: balance {status}"
+        else:
+            assert uid not in self.closed, f"{uid} reopened"
+
+    def _lines(self, parent: str, lines: Mapping[str, ChildEntry]) -> None:
+        for child, line in lines.items():
+            key = (parent, child)
+            if line.phase is ChildPhase.RESERVED:
+                assert key not in self.line_settled, f"{key}: a settled line reopened"
+                reserved = (line.reserved_at, dict(line.reserved))
+                assert self.line_reserved.setdefault(key, reserved) == reserved, key
+                # R is the child's capacity when it was reserved (a root's may grow since)
+                envelope = self.run.world.envelopes.get(child)
+                assert envelope is not None, key
+                capacity = envelope.spec.capacity
+                assert set(line.reserved) <= set(capacity), key  # from a pool: what it names
+                if parent != POOL:
+                    assert set(line.reserved) == set(capacity), key
+                assert all(v <= capacity[k] for k, v in line.reserved.items()), key
+                record = self.run.status(child).parent
+                if record is not None and record.admitted_at is not None:
+                    assert same(line.reserved, record.reserved), f"{key}: {line} != {record}"
+                continue
+            first = self.line_settled.setdefault(key, line.model_copy(deep=True))
+            assert first == line, f"{key} settled twice: {first} -> {line}"
+            if line.reason == "Withdrawn":
+                assert key not in self.line_reserved, f"{key} withdrawn after it was reserved"
+                assert not (line.reserved or line.consumed or line.released), key
+                continue
+            assert line.reason == "Closed", f"{key}: settled as {line.reason}"
+            assert key in self.line_reserved, f"{key} settled without being reserved"
+            assert same(plus(line.consumed, line.released), line.reserved), key
+            # R − C upward: C is the child's committed total at close, R − C its balance.
+            closed = self.closed.get(child)
+            assert closed is not None, f"{key} settled before the child closed"
+            # (in the resources drawn from here: from a pool, those the pool names)
+            drawn = set(line.reserved)
+            balance = {k: v for k, v in closed.balance.items() if k in drawn}
+            committed = {k: v for k, v in closed.totals.committed.items() if k in drawn}
+            assert same(line.released, balance), f"{key}: returned {line.released}"
+            assert same(line.consumed, committed), f"{key}: charged {line}"
+
+    def _committed(self, parent: str, totals: ResourceTotals, claims: Iterable[str]) -> None:
+        """committed == Σ C of its settled claims + Σ C of its settled child lines."""
+        expected: dict[str, Decimal] = {}
+        for claim in claims:
+            settled = self.claim_settled.get(claim)
+            if settled is not None and settled[0] == parent:
+                expected = plus(expected, settled[1].consumed)
+        for (where, _), line in self.line_settled.items():
+            if where == parent:
+                expected = plus(expected, line.consumed)
+        assert same(totals.committed, expected), f"{parent}: committed {totals} != {expected}"
+
+    def _one_line_each(self) -> None:
+        """A child's capacity is one Reserved line in one parent while it is open and
+        admitted, and no Reserved line is left for an envelope that is gone."""
+        run = self.run
+        reserved: dict[str, list[str]] = {}
+        for parent, lines in [(POOL, run.pool.children)] + [
+            (u, run.status(u).children) for u in run.live()
+        ]:
+            for child, line in lines.items():
+                if line.phase is ChildPhase.RESERVED:
+                    reserved.setdefault(child, []).append(parent)
+        for child, parents in reserved.items():
+            assert len(parents) == 1, f"{child} is reserved in {parents}"
+            assert run.exists(child), f"{parents[0]} holds a line for {child}, which is gone"
+            record = run.status(child).parent
+            if record is not None and record.admitted_at is not None:
+                assert parent_key(record) == parents[0], f"{child} draws from {record}"
+        for uid in run.live():
+            status = run.status(uid)
+            record = status.parent
+            if record is None or record.admitted_at is None or record.kind is ParentKind.ROOT:
+                continue
+            if status.closed_at is None and record.settled is None:
+                assert reserved.get(uid) == [parent_key(record)], f"{uid}: lines {reserved}"
+
+
+def parent_key(record: ParentRecord) -> str:
+    """Where the auditor keys a parent: the pool, or the parent envelope's uid."""
+    return POOL if record.kind is ParentKind.POOL else record.uid
