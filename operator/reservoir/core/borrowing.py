@@ -54,6 +54,10 @@ class SiblingFacts:
     uid: str
     name: str
     accepting: bool  # open: not closed, expired or being deleted
+    # It can never record a loan any more, on recorded facts only (closed or being deleted,
+    # closed by its ledger or by its parent's deletion), never on the clock: a lender reads
+    # "never drawn on" from it (found by review: a lifetime's end raced a loan's receipt).
+    sealed: bool = False
     wants: BorrowRequest | None = None  # what its queue is short of
     loan_to_me: Loan | None = None  # its status.loans line for this envelope
     borrowing_from_me: Borrowing | None = None  # its status.borrowed record of my loan
@@ -183,12 +187,13 @@ def settle_loans(
         record = sibling.borrowing_from_me if sibling is not None else None
         if sibling is None:
             why = force_settle_gone.get(uid, force_settle_gone.get(loan.borrower))
-            if why is not None:  # gone with it unknown: charged in full, by a person
-                events += _settle(loan, uid, {}, dict(loan.amount), now, why)
-                committed = add(committed, loan.amount)
+            if why is not None:  # gone with the rest unknown: what is owed is charged
+                owing = _positive(subtract(loan.amount, loan.repaid))
+                events += _settle(loan, uid, dict(loan.repaid), owing, now, why)
+                committed = add(committed, owing)
             continue
         if record is None:
-            if not sibling.accepting:
+            if sibling.sealed:
                 events += _settle(loan, uid, dict(loan.amount), {}, now, "never drawn on")
             continue
         if record.amount != loan.amount or not _within(record.repaid, loan.amount):

@@ -28,18 +28,14 @@ from decimal import Decimal
 from reservoir.core.ledger import ZERO, add, fits, render, subtract
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
-    MAX_CHILDREN,
     MAX_DEPTH,
+    MAX_ENVELOPE_CHILDREN,
     ChildEntry,
     ChildPhase,
     ParentKind,
     ParentRecord,
 )
 from reservoir.core.policy import Admission, QueueKey
-
-# Open children a ledger holds at most: the rest of its MAX_CHILDREN lines stay free for
-# withdrawals and settled lines, so a deletion never waits on a ledger full of live ones.
-MAX_OPEN_CHILDREN = MAX_CHILDREN // 2
 
 
 @dataclass(frozen=True)
@@ -81,6 +77,9 @@ class ChildLedger:
     children: dict[str, ChildEntry]
     now: datetime
     committed: dict[str, Decimal] = field(default_factory=dict)  # running total, updated
+    # Lines it may hold; at most half open, so that withdrawals and settled lines always
+    # have room and a deletion never waits on a ledger full of live lines.
+    max_lines: int = MAX_ENVELOPE_CHILDREN
     events: list[LedgerEvent] = field(default_factory=list)
     pending: dict[str, Admission] = field(default_factory=dict)  # child uid -> why waiting
 
@@ -120,15 +119,15 @@ def settle_children(
                 _settle(ledger, uid, entry, dict(entry.reserved), "ForceSettled", why)
             continue
         record = child.record
-        if record is None or record.admitted_at is None:
+        if record is None:
             continue  # reserved here, not yet seen by the child: it will record it
         if (record.kind, record.uid) != (ledger.parent.kind, ledger.parent.uid):
-            # It draws from somewhere else (found another parent first, or opened as a
-            # root): this line was never drawn on.
+            # It draws from somewhere else, or recorded a withdrawal from another parent
+            # (found another parent first, opened as a root): this line was never drawn on.
             _settle(ledger, uid, entry, {}, "AdmittedElsewhere", f"it draws from {record.name}")
             del ledger.children[uid]
             continue
-        if child.balance_released is None:
+        if record.admitted_at is None or child.balance_released is None:
             continue  # still open or closing: its claims are settling inside it
         # Its balance in the resources drawn from here (from a pool, those it names).
         balance = {k: v for k, v in child.balance_released.items() if k in entry.reserved}
@@ -190,6 +189,11 @@ def drawn_part(
     return dict(capacity)
 
 
+def _names(names: list[str], shown: int = 4) -> str:
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
 def child_problem(
     capacity: Mapping[str, Decimal], parent_capacity: Mapping[str, Decimal], parent_depth: int
 ) -> str | None:
@@ -197,10 +201,10 @@ def child_problem(
     parent), or None."""
     unknown = sorted(set(capacity) - set(parent_capacity))
     if unknown:
-        return f"its parent has no budget for {', '.join(unknown)}"
+        return f"its parent has no budget for {_names(unknown)}"
     too_big = sorted(k for k, v in capacity.items() if v > parent_capacity[k])
     if too_big:
-        return f"it asks for more than its parent's whole capacity of {', '.join(too_big)}"
+        return f"it asks for more than its parent's whole capacity of {_names(too_big)}"
     if parent_depth + 1 > MAX_DEPTH:
         return f"budgets nest at most {MAX_DEPTH} envelopes deep"
     return None
@@ -218,7 +222,7 @@ def admit_child(
     """Admit, withdraw or queue one waiting child. Returns the name blocking the queue;
     `available` is the pass's running balance."""
     if not child.accepting or not parent_accepting:
-        if len(ledger.children) < MAX_CHILDREN:
+        if len(ledger.children) < ledger.max_lines:
             why = "closed or deleted" if not child.accepting else "its parent admits no more"
             entry = ChildEntry(
                 envelope=child.name,
@@ -240,15 +244,15 @@ def admit_child(
             False, "Queued", f"queued behind {blocked_by} (priority, then age)"
         )
         return blocked_by
-    if ledger.open_children() >= MAX_OPEN_CHILDREN:
+    if ledger.open_children() >= ledger.max_lines // 2:
         ledger.pending[child.uid] = Admission(
-            False, "MaxChildren", f"{MAX_OPEN_CHILDREN} child envelopes are open here"
+            False, "MaxChildren", f"{ledger.max_lines // 2} child envelopes are open here"
         )
         return blocked_by
     if not fits(wanted, available):
         short = sorted(k for k, v in wanted.items() if v > available.get(k, ZERO))
         ledger.pending[child.uid] = Admission(
-            False, "InsufficientCapacity", f"not enough available {', '.join(short)}"
+            False, "InsufficientCapacity", f"not enough available {_names(short)}"
         )
         return child.name
     available.update(subtract(available, wanted))

@@ -175,6 +175,7 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.dispatch_fenced,
         entry.pod_started_late,
         entry.committed_at is not None,
+        entry.cancel_requested,
         entry.devices,
     )
 

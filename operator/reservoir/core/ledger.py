@@ -16,7 +16,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
-from reservoir.core.model import ChildEntry, ChildPhase, ClaimPhase, LedgerEntry, ResourceTotals
+from reservoir.core.model import (
+    SUMMARY_LENGTH,
+    ChildEntry,
+    ChildPhase,
+    ClaimPhase,
+    LedgerEntry,
+    ResourceTotals,
+)
 from reservoir.core.quantity import format_quantity
 
 ZERO = Decimal(0)
@@ -122,3 +129,10 @@ def check_invariant(totals: ResourceTotals) -> None:
 def render(resources: Mapping[str, Decimal]) -> str:
     """`tokens=63 nvidia.com/gpu=8`: a resource map on one line."""
     return " ".join(f"{name}={format_quantity(resources[name])}" for name in sorted(resources))
+
+
+def one_line(resources: Mapping[str, Decimal]) -> str:
+    """Totals for printer columns, cut to the summary field's bound: 16 long resource names
+    at 1E each do not fit in one column, and the totals hold the exact figures anyway."""
+    text = render(resources)
+    return text if len(text) <= SUMMARY_LENGTH else text[: SUMMARY_LENGTH - 1] + "…"

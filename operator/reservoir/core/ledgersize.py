@@ -19,8 +19,11 @@ from collections.abc import Iterable
 
 from reservoir.core.model import (
     DEVICE_CLASSES,
+    MAX_CHILDREN,
     MAX_CONDITIONS,
     MAX_DEVICE_NAME_LENGTH,
+    MAX_ENVELOPE_CHILDREN,
+    MAX_LOANS,
     MAX_NAME_LENGTH,
     SUMMARY_LENGTH,
     LedgerEntry,
@@ -58,10 +61,10 @@ def map_bytes(dimensions: Iterable[str]) -> int:
 
 
 def base_bytes(dimensions: frozenset[str]) -> int:
-    """Everything in the status but the entries, at its largest: the five totals, the
+    """Everything in the status but the entries, at its largest: the seven totals, the
     three summary strings, the counts and the conditions."""
     summary = 3 * (SUMMARY_LENGTH + 16)
-    return 5 * map_bytes(dimensions) + summary + COUNTS_BYTES + MAX_CONDITIONS * CONDITION_BYTES
+    return 7 * map_bytes(dimensions) + summary + COUNTS_BYTES + MAX_CONDITIONS * CONDITION_BYTES
 
 
 def entry_bytes(entry: LedgerEntry) -> int:
@@ -82,9 +85,35 @@ def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
     return size + 3 * reserved + 3 * map_bytes(dimensions) + GROWING_SCALARS_BYTES
 
 
+def child_line_bytes(dimensions: Iterable[str]) -> int:
+    """The most one child line takes: its key, names, times, reason and three maps."""
+    return 48 + MAX_NAME_LENGTH + 63 + 3 * map_bytes(dimensions) + 400
+
+
+def tree_bytes(dimensions: frozenset[str]) -> int:
+    """Reserved up front in every envelope's budget: its child lines, its loans out and in,
+    where it draws from, and what it wants, all at their largest. Budgets nest at a fixed
+    cost, so nothing a tree does can push a ledger past etcd's limit."""
+    loans = 2 * MAX_LOANS * (48 + MAX_NAME_LENGTH + 4 * map_bytes(dimensions) + 300)
+    parent = MAX_NAME_LENGTH + 64 + 2 * map_bytes(dimensions) + child_line_bytes(dimensions)
+    wants = map_bytes(dimensions) + 128
+    return MAX_ENVELOPE_CHILDREN * child_line_bytes(dimensions) + loans + parent + wants
+
+
+def pool_lines(dimensions: frozenset[str]) -> int:
+    """How many lines a pool's ledger may hold: MAX_CHILDREN, fewer when its resources'
+    names are so long that that many would not fit in the budget."""
+    room = LEDGER_BYTES_BUDGET - base_bytes(dimensions)
+    return max(2, min(MAX_CHILDREN, room // child_line_bytes(dimensions)))
+
+
 def ledger_bytes(entries: Iterable[LedgerEntry], dimensions: frozenset[str]) -> int:
     """The most the ledger's status can ever take with these entries."""
-    return base_bytes(dimensions) + sum(projected_bytes(e, dimensions) for e in entries)
+    return (
+        base_bytes(dimensions)
+        + tree_bytes(dimensions)
+        + sum(projected_bytes(e, dimensions) for e in entries)
+    )
 
 
 def status_bytes(status: ReservationEnvelopeStatus) -> int:

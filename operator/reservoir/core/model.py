@@ -56,10 +56,13 @@ MAX_DEVICE_NAME_LENGTH = 63
 # Budgets nest (DESIGN.md §4): pool → envelope → child envelope → ...; a root envelope is at
 # depth 1. Deeper trees are refused: every level is one more settlement to wait for.
 MAX_DEPTH = 4
-# Child envelopes (or a pool's envelopes) a ledger holds at once, settled ones included.
+# Lines a ledger holds at once, settled ones included: child envelopes in an envelope's
+# (their worst-case bytes are reserved in its byte budget, see reservoir.core.ledgersize),
+# root envelopes in a pool's (fewer when its resources' names are long: see pool_lines).
+MAX_ENVELOPE_CHILDREN = 64
 MAX_CHILDREN = 256
 MAX_POOL_NAMESPACES = 64
-MAX_LOANS = 16  # loans an envelope has out (or in) at once
+MAX_LOANS = 8  # loans an envelope has out (or in) at once
 
 Quantity = Annotated[
     Decimal,
@@ -693,7 +696,7 @@ class ReservationEnvelopeStatus(Model):
         description="Child envelopes drawing on this one, keyed by UID: each holds its whole "
         "capacity here until it settles. A settled line is compacted away once the child's "
         "status carries it (or the child is gone).",
-        json_schema_extra={"maxProperties": MAX_CHILDREN},
+        json_schema_extra={"maxProperties": MAX_ENVELOPE_CHILDREN},
     )
     parent: ParentRecord | None = Field(
         default=None,

@@ -19,7 +19,8 @@ from reservoir.core.budgets import (
     waiting_children,
 )
 from reservoir.core.conditions import Desired, merge_conditions
-from reservoir.core.ledger import compute_totals, render
+from reservoir.core.ledger import compute_totals, one_line
+from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
     ChildPhase,
@@ -58,13 +59,15 @@ def reconcile_pool(
 ) -> PoolReconciliation:
     """`envelopes`: the root envelopes of the pool's namespaces (those without a parent), and
     any other envelope this pool's ledger names. A line whose envelope is missing has been
-    confirmed gone by the caller."""
+    confirmed gone by the caller. Envelopes that opened as roots before the pool covered
+    their namespace are shown (condition AllEnvelopesCapped), never capped after the fact."""
     ledger = status.model_copy(deep=True)
     children = ChildLedger(
         ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
         ledger.children,
         now,
         dict(ledger.totals.committed),
+        max_lines=pool_lines(frozenset(pool.spec.capacity)),
     )
     settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
     balance = compute_totals(
@@ -94,10 +97,15 @@ def reconcile_pool(
         counts["Pending"] = len(children.pending)
     ledger.counts = dict(sorted(counts.items()))
     ledger.summary = EnvelopeSummary(
-        capacity=render(ledger.totals.capacity),
-        available=render(ledger.totals.available),
-        committed=render(ledger.totals.committed),
+        capacity=one_line(ledger.totals.capacity),
+        available=one_line(ledger.totals.available),
+        committed=one_line(ledger.totals.committed),
         live=sum(1 for e in ledger.children.values() if e.phase is ChildPhase.RESERVED),
+    )
+    uncapped = sorted(
+        f"{e.namespace}/{e.name}"
+        for e in envelopes
+        if e.record is not None and e.record.kind is ParentKind.ROOT and e.accepting
     )
     ledger.conditions = merge_conditions(
         ledger.conditions,
@@ -107,7 +115,16 @@ def reconcile_pool(
                 not pool.deleting,
                 "Deleting" if pool.deleting else "AdmitsEnvelopes",
                 "waiting for its envelopes to settle" if pool.deleting else "",
-            )
+            ),
+            Desired(
+                "AllEnvelopesCapped",
+                not uncapped,
+                "OpenedBeforePool" if uncapped else "Capped",
+                f"{len(uncapped)} envelopes opened as roots before this pool covered their "
+                f"namespace and are not capped by it: {', '.join(uncapped[:5])}"
+                if uncapped
+                else "",
+            ),
         ],
         now,
         pool.generation,

@@ -48,7 +48,7 @@ from reservoir.core.budgets import (
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
-from reservoir.core.ledger import add, compute_totals, render, subtract
+from reservoir.core.ledger import add, compute_totals, one_line, subtract
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
@@ -61,7 +61,6 @@ from reservoir.core.lifecycle import (
 )
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
-    SUMMARY_LENGTH,
     BorrowRequest,
     BranchClaimSpec,
     ChildPhase,
@@ -110,13 +109,19 @@ class EnvelopeFacts:
     parent: ParentView | None = None
     children: Sequence[ChildFacts] = ()  # envelopes naming this one as their parent
     siblings: Sequence[SiblingFacts] = ()  # the other children of its parent envelope
+    closed: bool = False  # its ledger recorded that it closed: it never admits again
 
     def expired(self, now: datetime) -> bool:
         lifetime = self.spec.lifetime_seconds
         return lifetime is not None and now >= self.created_at + timedelta(seconds=lifetime)
 
     def accepting(self, now: datetime) -> bool:
-        return not (self.deleting or self.spec.state is EnvelopeState.CLOSED or self.expired(now))
+        return not (
+            self.deleting
+            or self.closed
+            or self.spec.state is EnvelopeState.CLOSED
+            or self.expired(now)
+        )
 
     def effective(self, record: ParentRecord | None) -> EnvelopeFacts:
         """Deleting a parent (or losing it) closes its children and cancels their claims,
@@ -193,13 +198,18 @@ def reconcile(
         parent = ParentView(ParentKind.ENVELOPE, envelope.spec.parent)
         envelope = replace(envelope, parent=parent)
     drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now)
-    ledger.parent, ledger.queue_reason = drawn.record, drawn.waiting
+    ledger.parent = drawn.record
+    ledger.queue_reason = _cut(drawn.waiting) if drawn.waiting else None
     deleted_itself = envelope.deleting
     envelope = envelope.effective(ledger.parent)
     if envelope.deleting and not deleted_itself:
         ledger.closed_by_parent = True  # recorded: its children read it, ancestors may go
     if ledger.closed_by_parent:
         envelope = replace(envelope, deleting=True)
+    if ledger.closed_at is not None:
+        # Closed (or expired) and its balance returned: whatever its spec says since (a
+        # lifetime removed, say), it never admits again (found by review).
+        envelope = replace(envelope, closed=True)
     result.admitted = ledger.parent is not None and ledger.parent.admitted_at is not None
     if result.admitted and ledger.parent is not None and ledger.parent.reserved:
         # Drawn from a parent or pool: it holds what was reserved there, whatever its spec
@@ -672,13 +682,6 @@ def _admit_one(
     return blocked_by
 
 
-def _one_line(resources: Mapping[str, Decimal]) -> str:
-    """Totals for printer columns, cut to the summary field's bound: 16 long resource names
-    at 1E each do not fit in one column, and the totals hold the exact figures anyway."""
-    text = render(resources)
-    return text if len(text) <= SUMMARY_LENGTH else text[: SUMMARY_LENGTH - 1] + "…"
-
-
 def _totals(
     envelope: EnvelopeFacts, committed: Mapping[str, Decimal], ledger: ReservationEnvelopeStatus
 ) -> ResourceTotals:
@@ -700,6 +703,10 @@ def _withdrawn(result: Reconciliation) -> bool:
     """Its parent recorded that it will never hold this envelope's capacity."""
     record = result.status.parent
     return record is not None and record.admitted_at is None
+
+
+def _cut(text: str, limit: int = 1024) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _done_upward(record: ParentRecord | None, envelope: EnvelopeFacts) -> bool:
@@ -733,10 +740,12 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
             # Never admitted, but its parent may have reserved for it since it last looked:
             # it closes once the parent recorded the withdrawal (or the admission shows up).
             settled = False
-        if envelope.expired(now):
+        if ledger.closed_at is not None:
+            # Closed once, closed for good: the phase it closed in stays.
+            if ledger.phase not in (EnvelopePhase.CLOSED, EnvelopePhase.EXPIRED):
+                ledger.phase = EnvelopePhase.CLOSED
+        elif envelope.expired(now):
             ledger.phase = EnvelopePhase.EXPIRED
-        elif ledger.closed_at is not None:
-            ledger.phase = EnvelopePhase.CLOSED  # closed once, closed for good
         else:
             ledger.phase = EnvelopePhase.CLOSED if settled else EnvelopePhase.CLOSING
         if settled and ledger.closed_at is None:
@@ -750,7 +759,16 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
             ledger.totals = _totals(envelope, ledger.totals.committed, ledger)
             ledger.balance_released = dict(ledger.totals.available) if result.admitted else {}
             ledger.closed_at = now
-    result.done_upward = ledger.closed_at is not None and _done_upward(ledger.parent, envelope)
+    result.done_upward = (
+        ledger.closed_at is not None
+        and _done_upward(ledger.parent, envelope)
+        # and every sibling that lent to it has settled the loan: what its claims used of
+        # a loan is read from this envelope's record (found by review)
+        and all(
+            s.loan_to_me is None or s.loan_to_me.phase is LoanPhase.SETTLED
+            for s in envelope.siblings
+        )
+    )
     counts: dict[str, int] = {}
     for entry in ledger.entries.values():
         counts[entry.phase.value] = counts.get(entry.phase.value, 0) + 1
@@ -758,9 +776,9 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
         counts[ClaimPhase.PENDING.value] = len(result.pending)
     ledger.counts = dict(sorted(counts.items()))
     ledger.summary = EnvelopeSummary(
-        capacity=_one_line(ledger.totals.capacity),
-        available=_one_line(ledger.totals.available),
-        committed=_one_line(ledger.totals.committed),
+        capacity=one_line(ledger.totals.capacity),
+        available=one_line(ledger.totals.available),
+        committed=one_line(ledger.totals.committed),
         live=sum(1 for e in ledger.entries.values() if e.phase.holds_capacity),
     )
     open_ = ledger.phase is EnvelopePhase.OPEN

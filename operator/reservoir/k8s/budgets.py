@@ -3,8 +3,9 @@ tenant's pool) and the child envelopes drawing on it, into the core's facts.
 
 Each read is fresh from the API server, after the envelope itself, so a child the list
 lacks but a ledger names really is gone. A child or parent the operator cannot read is
-left out: a child left out is never admitted (and its line, if any, is held), a parent
-left out reads as missing (nothing is admitted on it).
+left out: a child left out is never admitted (and its line, if any, is held). A parent
+that cannot be read stops the reconcile (reported on the envelope, retried): it is never
+read as gone, which would close the whole subtree.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from reservoir.core.model import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
-from reservoir.k8s.facts import as_dict, parse_time
+from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, parse_time
 from reservoir.k8s.resources import ReservationEnvelope, ReservationPool
 
 
@@ -49,7 +50,13 @@ def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts | None
         created_at=created,
         capacity=spec.capacity,
         priority=spec.priority,
-        accepting=not (meta.get("deletionTimestamp") or spec.state.value == "Closed" or expired),
+        accepting=not (
+            meta.get("deletionTimestamp")
+            or spec.state.value == "Closed"
+            or expired
+            or status.closed_at is not None
+            or status.closed_by_parent
+        ),
         record=status.parent,
         balance_released=status.balance_released if status.closed_at is not None else None,
     )
@@ -72,6 +79,10 @@ async def children_of(
     return facts, bodies
 
 
+def spec_closed(body: Mapping[str, Any]) -> bool:
+    return (body.get("spec") or {}).get("state") == "Closed"
+
+
 async def siblings_of(
     client: AsyncClient, namespace: str, parent: str, uid: str, now: datetime
 ) -> tuple[list[SiblingFacts], dict[str, dict[str, Any]]]:
@@ -91,6 +102,10 @@ async def siblings_of(
                 uid=child.uid,
                 name=child.name,
                 accepting=child.accepting,
+                sealed=bool(body["metadata"].get("deletionTimestamp"))
+                or spec_closed(body)
+                or status.closed_at is not None
+                or status.closed_by_parent,
                 wants=status.wants,
                 loan_to_me=status.loans.get(uid),
                 borrowing_from_me=status.borrowed.get(uid),
@@ -106,7 +121,7 @@ async def _get(client: AsyncClient, kind: Any, name: str, namespace: str | None)
             return as_dict(await client.get(kind, name))
         return as_dict(await client.get(kind, name, namespace=namespace))
     except ApiError as error:
-        if error.status.code in (403, 404):  # missing, or pools not readable (namespaced)
+        if error.status.code == 404:  # gone; anything else is retried, never read as gone
             return None
         raise
 
@@ -145,8 +160,9 @@ def envelope_view(body: Mapping[str, Any] | None, name: str, child_uid: str) -> 
     try:
         spec = ReservationEnvelopeSpec.model_validate(body.get("spec") or {})
         status = ReservationEnvelopeStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        return ParentView(ParentKind.ENVELOPE, name)
+    except ValidationError as error:
+        # Never read as gone: that would close the whole subtree for good.
+        raise UnreadableEnvelopeError(f"its parent {name} cannot be read: {error}") from None
     record = status.parent
     opened = record is not None and record.admitted_at is not None
     return ParentView(
@@ -166,8 +182,9 @@ def pool_view(body: Mapping[str, Any] | None, child_uid: str, name: str = "") ->
     try:
         spec = ReservationPoolSpec.model_validate(body.get("spec") or {})
         status = ReservationPoolStatus.model_validate(body.get("status") or {})
-    except ValidationError:
-        return ParentView(ParentKind.POOL, body["metadata"]["name"])
+    except ValidationError as error:
+        pool = body["metadata"]["name"]
+        raise UnreadableEnvelopeError(f"its pool {pool} cannot be read: {error}") from None
     return ParentView(
         ParentKind.POOL,
         body["metadata"]["name"],

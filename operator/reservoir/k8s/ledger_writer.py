@@ -162,9 +162,12 @@ class LedgerWriter:
         # The budget tree around it: where it draws from, and the envelopes drawing on it
         # (listed after the envelope: a child the ledger names but the list lacks is gone).
         uid = envelope["metadata"]["uid"]
-        parent = await budgets.parent_view(
-            self.client, envelope, envelope_facts.spec, status.parent
-        )
+        try:
+            parent = await budgets.parent_view(
+                self.client, envelope, envelope_facts.spec, status.parent
+            )
+        except read.UnreadableEnvelopeError as error:
+            await self._refused(envelope, "UnreadableParent", str(error))
         children, child_bodies = await budgets.children_of(
             self.client, namespace, name, self.clock()
         )
