@@ -49,6 +49,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from reservoir.core import budgets
+from reservoir.core.ledgersize import pool_lines
 from reservoir.core.model import (
     MAX_DEPTH,
     ChildPhase,
@@ -58,12 +59,16 @@ from reservoir.core.model import (
     ParentKind,
 )
 from tests.unit.tree_sim import (
+    LONG_LIVED,
     POOL,
     ZERO,
     Books,
+    LoanSeen,
     Run,
     World,
+    lending,
     minus,
+    plus,
     same,
 )
 
@@ -417,13 +422,14 @@ def test_a_pool_holds_at_most_its_cap_of_open_envelopes() -> None:
     world = World.with_pool({"tokens": 10_000})
     run = Run(world)
     run.books.check = lambda: None  # type: ignore[method-assign]  # quadratic; not the point
-    count = budgets.MAX_OPEN_CHILDREN + 1
+    open_cap = pool_lines(frozenset({"tokens"})) // 2
+    count = open_cap + 1
     for n in range(count):
         world.create_envelope(f"e{n:03}", {"tokens": 1})
         world.tick()
     run.round()
     run.round()
-    assert run.pool.totals.reserved == {"tokens": budgets.MAX_OPEN_CHILDREN}
+    assert run.pool.totals.reserved == {"tokens": open_cap}
     last = world.uid(f"e{count - 1:03}")
     assert run.pool_result is not None
     assert run.pool_result.pending[last].reason == "MaxChildren"
@@ -690,12 +696,13 @@ def apply(world: World, runs: tuple[Run, Run], act: Act) -> None:
     rules, and the SDK's fencing: a worker whose claim settled in either world gets a
     stale-claim error instead of dispatching or reporting); ignore it otherwise."""
     if act.kind == "envelope":
-        name, (parent, tokens, cost, priority, lifetime) = f"e{act.index}", act.arg
+        name, (parent, tokens, cost, priority, lifetime, floor) = f"e{act.index}", act.arg
         if world.uid(name) in world.envelopes:
             return
         capacity = {"tokens": tokens} if cost is None else {"tokens": tokens, "cost": cost}
         above = None if parent is None else f"e{parent}"
-        world.create_envelope(name, capacity, above, priority, lifetime=lifetime)
+        policy = LONG_LIVED if floor is None else lending({"tokens": floor})
+        world.create_envelope(name, capacity, above, priority, policy, lifetime=lifetime)
         return
     if act.kind == "pool-delete":
         if world.pool is not None and not world.pool.deleting:
@@ -753,6 +760,7 @@ claim_ids = st.integers(0, CLAIMS - 1)
 targets = st.one_of(st.just(-1), envelope_ids)  # -1: the pool
 reconciles = st.builds(Act, st.just("reconcile"), targets, st.integers(0, 3))
 lifetimes = st.one_of(st.none(), st.none(), st.none(), st.integers(2, 30))
+floors = st.one_of(st.none(), st.none(), st.none(), st.integers(0, 20))  # policy.lending
 envelopes = st.builds(
     Act,
     st.just("envelope"),
@@ -764,6 +772,7 @@ envelopes = st.builds(
             st.one_of(st.none(), st.integers(0, 12)),
             st.integers(0, 2),
             lifetimes,
+            floors,
         ),
         st.tuples(  # a child: of any name, even its own (cycles), maybe too big for it
             envelope_ids,
@@ -771,6 +780,7 @@ envelopes = st.builds(
             st.one_of(st.none(), st.none(), st.integers(0, 6)),
             st.integers(0, 2),
             lifetimes,
+            floors,
         ),
     ),
 )
@@ -819,8 +829,8 @@ def trees(draw: st.DrawFn) -> list[Act]:
         parent = draw(above) if index else None  # the previous one often: deep chains
         tokens = draw(st.integers(20, 100) if parent is None else st.integers(0, 30))
         cost = draw(st.one_of(st.none(), st.integers(0, 12))) if parent is None else None
-        priority, lifetime = draw(st.integers(0, 2)), draw(lifetimes)
-        acts.append(Act("envelope", index, (parent, tokens, cost, priority, lifetime)))
+        priority, lifetime, floor = draw(st.integers(0, 2)), draw(lifetimes), draw(floors)
+        acts.append(Act("envelope", index, (parent, tokens, cost, priority, lifetime, floor)))
     return acts
 
 
@@ -847,7 +857,12 @@ def target(world: World, act: Act) -> str:
     return POOL if act.index < 0 else pick(list(world.envelopes), act.index) or POOL
 
 
-def play(history: History, runs_b: Callable[[str], bool]) -> tuple[World, Run, Run]:
+Apply = Callable[[World, tuple[Run, Run], Act], None]
+
+
+def play(
+    history: History, runs_b: Callable[[str], bool], apply: Apply = apply
+) -> tuple[World, Run, Run]:
     """Both runs over one history, then every claim finished and every envelope closed,
     and both settle. Within each instant the writes land one by one, reconciles of random
     objects (with a random cache lag in run B) among them, and then the writer's timer
@@ -936,19 +951,92 @@ def check_everything_settled(world: World, run: Run) -> None:
     for root, consumed in used.items():
         closed = books.closed[root]
         assert same(closed.totals.committed, consumed), f"{root}: {closed.totals} != {consumed}"
+    check_loans_settled(world, run)
 
 
-def alike(a: Books, b: Books, parent: str) -> bool:
-    """Everything below `parent` was admitted alike by both runs (or by neither)."""
+def check_loans_settled(world: World, run: Run) -> None:
+    """Every loan settled, on what its borrower recorded: the lender commits exactly what
+    the borrower's claims consumed of it (amount − repaid), nothing if it was repaid in full
+    or never drawn on. And at every level, loans included: an envelope commits exactly what
+    the claims in its subtree consumed, plus what its borrowers consumed of its loans (which
+    their own lines do not charge), so a parent of siblings that lend commits exactly Σ C."""
+    books = run.books
+    for uid in world.envelopes:
+        if uid in run.gone:
+            continue
+        status = run.status(uid)
+        assert not lent_out(status), f"{uid} closed with loans out: {status.loans}"
+        assert all(r.closed_at is not None for r in status.borrowed.values()), uid
+    for seen in books.loans:
+        settled = seen.settled
+        assert settled is not None, f"{seen.identity} never settled"
+        decided = world.envelopes[seen.lender].force_settle_gone
+        borrower = world.envelopes[seen.borrower]
+        if seen.borrower in run.gone and (seen.borrower in decided or borrower.name in decided):
+            continue  # charged by a person's decision (checked as it settled)
+        closed = seen.record_closed
+        if closed is None:  # never drawn on, or repaid in full before its borrower closed
+            assert not settled.consumed and same(settled.repaid, settled.amount), seen
+        else:
+            assert same(settled.consumed, minus(closed.amount, closed.repaid)), seen
+            assert same(settled.repaid, closed.repaid), seen
+    for uid, closed in books.closed.items():
+        if not closed.admitted:
+            continue
+        charged = minus(closed.totals.committed, books.loans_consumed(uid))
+        consumed = subtree_consumed(books, uid)
+        assert same(charged, consumed), f"{uid}: committed {closed.totals} != Σ C {consumed}"
+
+
+def lent_out(status: Any) -> list[Any]:
+    return [loan for loan in status.loans.values() if loan.phase.value == "Lent"]
+
+
+def subtree_consumed(books: Books, uid: str) -> dict[str, Decimal]:
+    """Σ C of the claims settled in this envelope and in every envelope it admitted."""
+    consumed: dict[str, Decimal] = {}
+    for where, entry in books.claim_settled.values():
+        if where == uid:
+            consumed = plus(consumed, entry.consumed)
+    for child, record in books.records.items():
+        drawn_here = record.kind is ParentKind.ENVELOPE and record.uid == uid
+        if drawn_here and record.admitted_at is not None:
+            consumed = plus(consumed, subtree_consumed(books, child))
+    return consumed
+
+
+def alike(a: Books, b: Books, parent: str, visited: set[str] | None = None) -> bool:
+    """Everything below `parent` was admitted alike by both runs (or by neither), and so
+    were the loans it made or received, and everything below the siblings on their other
+    side (`visited`: the envelopes already being compared, loans go both ways)."""
+    visited = set() if visited is None else visited
+    if parent in visited:
+        return True
+    visited.add(parent)
     claims = {c for c, (where, *_) in a.claim_admitted.items() if where == parent}
     claims |= {c for c, (where, *_) in b.claim_admitted.items() if where == parent}
     if any(a.claim_admitted.get(c) != b.claim_admitted.get(c) for c in claims):
         return False
+    if loans_of(a, parent) != loans_of(b, parent):
+        return False
+    others = {s.borrower if s.lender == parent else s.lender for s in loans_with(a, parent)}
+    if not all(alike(a, b, other, visited) for other in others):
+        return False
     lines = {key for key in (*a.line_reserved, *b.line_reserved) if key[0] == parent}
     return all(
-        a.line_reserved.get(key) == b.line_reserved.get(key) and alike(a, b, key[1])
+        a.line_reserved.get(key) == b.line_reserved.get(key) and alike(a, b, key[1], visited)
         for key in lines
     )
+
+
+def loans_with(books: Books, uid: str) -> list[LoanSeen]:
+    return [s for s in books.loans if uid in (s.lender, s.borrower)]
+
+
+def loans_of(books: Books, uid: str) -> set[tuple[Any, ...]]:
+    """The loans it made or received: who lent what to whom, when, and when it was
+    recorded as received."""
+    return {(s.identity, s.received()) for s in loans_with(books, uid)}
 
 
 def compare_runs(every: Run, some: Run) -> int:
@@ -977,8 +1065,23 @@ def compare_runs(every: Run, some: Run) -> int:
         compared += 1
     for uid in every.world.envelopes:
         if uid in a.closed and uid in b.closed and alike(a, b, uid):
-            assert same(a.closed[uid].totals.committed, b.closed[uid].totals.committed), uid
+            left_totals, right_totals = a.closed[uid].totals, b.closed[uid].totals
+            assert same(left_totals.committed, right_totals.committed), uid
+            assert same(left_totals.borrowed, right_totals.borrowed), uid
             compared += 1
+    theirs = {s.identity: s for s in b.loans}
+    for seen in a.loans:
+        other = theirs.get(seen.identity)
+        if other is None or seen.received() != other.received():
+            continue
+        if not (alike(a, b, seen.lender) and alike(a, b, seen.borrower)):
+            continue
+        assert seen.settled is not None and other.settled is not None, seen.identity
+        assert (seen.settled.repaid, seen.settled.consumed) == (
+            other.settled.repaid,
+            other.settled.consumed,
+        ), f"loan {seen.identity}: every step {seen.settled} != some {other.settled}"
+        compared += 1
     if every.world.pool is not None and alike(a, b, POOL):
         assert same(every.pool.totals.committed, some.pool.totals.committed)
         compared += 1
@@ -986,15 +1089,16 @@ def compare_runs(every: Run, some: Run) -> int:
 
 
 def settlement_of(entry: Any) -> tuple[Any, ...]:
-    """What must not depend on what the operator saw (a cancel after the final report is
-    recorded however it was seen: test_a_cancel_after_the_final_report_is_recorded_alike)."""
+    """What must not depend on what the operator saw, as each claim settled. Not
+    `cancel_requested`: it may be recorded after the settlement (a cancel after the final
+    report), and is checked on the final records by
+    test_a_cancel_after_the_final_report_is_recorded_alike."""
     return (
         entry.phase,
         entry.consumed,
         entry.released,
         entry.usage,
         entry.committed_at is not None,
-        entry.cancel_requested,
     )
 
 

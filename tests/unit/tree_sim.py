@@ -10,6 +10,9 @@ compare-and-swap), as the Kubernetes adapter does:
   it is being deleted, whether following the parents leads back here) and its children
   (ChildFacts: spec, and from their status the record of where they draw from and, once
   closed, the balance they released);
+- an envelope with a parent envelope also reads its siblings (the other envelopes naming the
+  same parent), as loans see them (k8s/budgets.py siblings_of: each one's accepting flag,
+  its `wants`, its loan to this envelope and its record of a loan from this one);
 - the pool's reconcile reads the root envelopes (those without a parent) the same way;
 - a deleted envelope goes away (its finalizer is removed) only in its own reconcile, once it
   has closed, its parent knows its fate (its line settled and mirrored here, or it was
@@ -26,8 +29,9 @@ latest event. A `Run` is one operator's view of one shared `World` of client-wri
 operators, one of which may have missed states (coalescing).
 
 `Books` is an auditor that shares no arithmetic with the core: it checks every status
-after every step, and keeps the first-seen admission and settlement of every claim and every
-child line.
+after every step, and keeps the first-seen admission and settlement of every claim, every
+child line and every loan between siblings (both sides: the lender's `Loan`, the borrower's
+`Borrowing`).
 """
 
 from __future__ import annotations
@@ -38,11 +42,13 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from reservoir.core.borrowing import SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.lifecycle import ClaimFacts
 from reservoir.core.model import (
     MAX_DEPTH,
+    Borrowing,
     BranchClaimSpec,
     ChildEntry,
     ChildPhase,
@@ -51,6 +57,9 @@ from reservoir.core.model import (
     EnvelopePolicy,
     EnvelopeState,
     LedgerEntry,
+    Lending,
+    Loan,
+    LoanPhase,
     ParentKind,
     ParentRecord,
     ReservationEnvelopeSpec,
@@ -71,6 +80,11 @@ ZERO = Decimal(0)
 LONG_LIVED = EnvelopePolicy(default_lease_seconds=10**6, max_claim_lifetime_seconds=10**6)
 
 
+def lending(floor: Mapping[str, Any], base: EnvelopePolicy = LONG_LIVED) -> EnvelopePolicy:
+    """A policy that lends to siblings, never below `floor`."""
+    return base.model_copy(update={"lending": Lending(floor=amounts(floor))})
+
+
 def amounts(resources: Mapping[str, Any]) -> dict[str, Decimal]:
     return {name: Decimal(str(value)) for name, value in resources.items()}
 
@@ -88,6 +102,16 @@ def minus(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> dict[str, Decim
     return {k: a.get(k, ZERO) - b.get(k, ZERO) for k in {*a, *b}}
 
 
+def at_most(a: Mapping[str, Decimal], b: Mapping[str, Decimal]) -> bool:
+    """a <= b in every resource (a missing resource is zero)."""
+    return all(a.get(k, ZERO) <= b.get(k, ZERO) for k in {*a, *b})
+
+
+def still_owed(record: Borrowing) -> dict[str, Decimal]:
+    """What a borrower still owes on its record (the auditor's own arithmetic)."""
+    return {k: v for k, v in minus(record.amount, record.repaid).items() if v != ZERO}
+
+
 # --- what people, orchestrators and workers write ----------------------------------------
 
 
@@ -98,6 +122,8 @@ class Envelope:
     created_at: datetime
     spec: ReservationEnvelopeSpec
     deleting: bool = False
+    # a person's audited decisions about gone objects (the force-settle-gone annotation)
+    force_settle_gone: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def accepting(self) -> bool:
@@ -168,6 +194,13 @@ class World:
         self.envelopes[env.uid] = replace(env, deleting=True)
         self.changes += 1
 
+    def force_settle_gone(self, name: str, gone: str, reason: str = "checked by hand") -> None:
+        """A person names a gone claim, child or borrower (its name or UID) on the envelope."""
+        env = self.envelope(name)
+        decided = {**env.force_settle_gone, gone: reason}
+        self.envelopes[env.uid] = replace(env, force_settle_gone=decided)
+        self.changes += 1
+
     def create_claim(
         self, name: str, envelope: str, requests: Mapping[str, Any], **spec: Any
     ) -> None:
@@ -220,9 +253,35 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
         capacity=envelope.spec.capacity,
         namespace=NAMESPACE,
         priority=envelope.spec.priority,
-        accepting=envelope.open_at(now),
+        accepting=envelope.open_at(now)
+        and status.closed_at is None
+        and not status.closed_by_parent,
         record=status.parent,
         balance_released=dict(status.balance_released) if status.closed_at is not None else None,
+    )
+
+
+def sibling_facts(
+    sibling: Envelope, status: ReservationEnvelopeStatus, reader: str, now: datetime
+) -> SiblingFacts:
+    """What `reader` reads of a sibling (k8s/budgets.py siblings_of): its accepting flag as
+    a child's; whether it is sealed (can never record a loan again, on recorded facts only:
+    being deleted, closed in its spec, closed in its ledger, or closed by its parent); its
+    wants; its loan to the reader; its record of a loan from the reader."""
+    loan, record = status.loans.get(reader), status.borrowed.get(reader)
+    return SiblingFacts(
+        uid=sibling.uid,
+        name=sibling.name,
+        accepting=child_facts(sibling, status, now).accepting,
+        sealed=(
+            sibling.deleting
+            or sibling.spec.state is EnvelopeState.CLOSED
+            or status.closed_at is not None
+            or status.closed_by_parent
+        ),
+        wants=status.wants.model_copy(deep=True) if status.wants is not None else None,
+        loan_to_me=loan.model_copy(deep=True) if loan is not None else None,
+        borrowing_from_me=record.model_copy(deep=True) if record is not None else None,
     )
 
 
@@ -309,10 +368,18 @@ class Run:
         snap = self.view(uid, lag)
         seen = dict(snap.envelopes)
         seen[uid] = (envelope, self.status(uid))  # its own spec and status: fresh
+        siblings: tuple[SiblingFacts, ...] = ()
+        if envelope.spec.parent is not None:  # loans are between siblings
+            siblings = tuple(
+                sibling_facts(e, s, uid, world.now)
+                for e, s in sorted(seen.values(), key=lambda pair: pair[0].name)
+                if e.spec.parent == envelope.spec.parent and e.uid != uid
+            )
         facts = EnvelopeFacts(
             spec=envelope.spec,
             created_at=envelope.created_at,
             deleting=envelope.deleting,
+            force_settle_gone=envelope.force_settle_gone,
             name=envelope.name,
             uid=uid,
             parent=self.parent_view(envelope, seen, snap.pool),
@@ -321,6 +388,7 @@ class Run:
                 for e, s in seen.values()
                 if e.spec.parent == envelope.name
             ),
+            siblings=siblings,
         )
         claims = [
             replace(c, settled_record=self.records.get(c.uid))
@@ -445,8 +513,8 @@ def check_totals(where: str, totals: ResourceTotals) -> None:
             totals.available.get(name, ZERO),
         ]
         assert all(p >= 0 for p in parts), f"{where} {name}: negative part in {parts}"
-        # Loans between siblings (policy.lending, off here) keep the identity with
-        # lent on the left and borrowed on the right.
+        # Loans between siblings (policy.lending) keep the identity with lent on the left
+        # and borrowed on the right.
         lent, borrowed = totals.lent.get(name, ZERO), totals.borrowed.get(name, ZERO)
         assert lent >= 0 and borrowed >= 0, f"{where} {name}: negative loan"
         assert sum(parts, lent) == capacity + borrowed, f"{where} {name}: {parts} != {capacity}"
@@ -474,6 +542,31 @@ class Closed:
     admitted: bool
 
 
+@dataclass
+class LoanSeen:
+    """One loan between siblings as the auditor saw it, on both sides: the lender's line as
+    first written (Lent) and as first settled, the borrower's record as first written, as
+    last seen and as written when the borrower closed."""
+
+    lender: str
+    borrower: str
+    lent: Loan
+    settled: Loan | None = None
+    record_first: Borrowing | None = None
+    record: Borrowing | None = None
+    record_closed: Borrowing | None = None
+
+    @property
+    def identity(self) -> tuple[str, str, datetime, tuple[tuple[str, Decimal], ...]]:
+        """What two runs compare: who lent what to whom, when."""
+        amount = tuple(sorted(self.lent.amount.items()))
+        return (self.lender, self.borrower, self.lent.lent_at, amount)
+
+    def received(self) -> tuple[str, str, datetime | None]:
+        at = self.record_first.received_at if self.record_first is not None else None
+        return (self.lender, self.borrower, at)
+
+
 class Books:
     """The auditor's own records of one run, checked after every reconcile."""
 
@@ -485,6 +578,13 @@ class Books:
         self.line_settled: dict[tuple[str, str], ChildEntry] = {}  # (parent, child) -> line
         self.records: dict[str, ParentRecord] = {}  # envelope -> its first record, unsettled
         self.closed: dict[str, Closed] = {}
+        self.loans: list[LoanSeen] = []  # every loan ever made, in order
+        # (lender, borrower) -> the loan its ledger holds now, and that line as last seen
+        self.loan_now: dict[tuple[str, str], LoanSeen | None] = {}
+        self.loan_last: dict[tuple[str, str], Loan] = {}
+        # (borrower, lender) -> the loan its record is of, and that record as last seen
+        self.record_now: dict[tuple[str, str], LoanSeen | None] = {}
+        self.record_last: dict[tuple[str, str], Borrowing] = {}
 
     def check(self) -> None:
         run = self.run
@@ -497,6 +597,7 @@ class Books:
             if not status.totals.capacity:
                 continue  # never reconciled
             self._envelope(uid, status)
+        self._loan_pairs()
         self._one_line_each()
 
     def _envelope(self, uid: str, status: ReservationEnvelopeStatus) -> None:
@@ -507,6 +608,8 @@ class Books:
         assert same(totals.reserved, reserved), f"{uid}: reserved {totals.reserved} != {reserved}"
         assert same(totals.reconciling, reconciling), uid
         self._lines(uid, status.children)
+        self._loans(uid, status)
+        self._borrowed(uid, status)
         # claims: admitted once, settled once
         claims = [c.uid for c in run.world.claims.values() if c.spec.envelope == envelope.name]
         for claim in claims:
@@ -566,7 +669,11 @@ class Books:
             late += [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
             assert not late, f"{uid} admitted after it closed: {late}"
             if first is closed:  # as it closed: R − C, or nothing if it never held anything
-                expected = minus(totals.capacity, totals.committed) if admitted else {}
+                # (with loans: what it still owes was consumed by its claims, so its
+                # balance is R + borrowed − C; nothing is lent out by then)
+                assert same(totals.lent, {}), f"{uid} closed with loans out: {totals}"
+                expected = minus(plus(totals.capacity, totals.borrowed), totals.committed)
+                expected = expected if admitted else {}
                 assert same(status.balance_released, expected), f"{uid}: balance {status}"
         else:
             assert uid not in self.closed, f"{uid} reopened"
@@ -599,19 +706,22 @@ class Books:
             assert line.reason == "Closed", f"{key}: settled as {line.reason}"
             assert key in self.line_reserved, f"{key} settled without being reserved"
             assert same(plus(line.consumed, line.released), line.reserved), key
-            # R − C upward: C is the child's committed total at close, R − C its balance.
+            # R − C upward: C is the child's committed total at close, R − C its balance
+            # (less what it consumed of loans from siblings: those lenders commit that).
             closed = self.closed.get(child)
             assert closed is not None, f"{key} settled before the child closed"
             # (in the resources drawn from here: from a pool, those the pool names)
             drawn = set(line.reserved)
             balance = {k: v for k, v in closed.balance.items() if k in drawn}
-            committed = {k: v for k, v in closed.totals.committed.items() if k in drawn}
+            charged = minus(closed.totals.committed, closed.totals.borrowed)
+            committed = {k: v for k, v in charged.items() if k in drawn}
             assert same(line.released, balance), f"{key}: returned {line.released}"
             assert same(line.consumed, committed), f"{key}: charged {line}"
 
     def _committed(self, parent: str, totals: ResourceTotals, claims: Iterable[str]) -> None:
-        """committed == Σ C of its settled claims + Σ C of its settled child lines."""
-        expected: dict[str, Decimal] = {}
+        """committed == Σ C of its settled claims + Σ C of its settled child lines + what
+        borrowers consumed of its settled loans."""
+        expected = self.loans_consumed(parent)
         for claim in claims:
             settled = self.claim_settled.get(claim)
             if settled is not None and settled[0] == parent:
@@ -645,6 +755,189 @@ class Books:
                 continue
             if status.closed_at is None and record.settled is None:
                 assert reserved.get(uid) == [parent_key(record)], f"{uid}: lines {reserved}"
+
+    # - loans between siblings -
+    def loans_consumed(self, lender: str) -> dict[str, Decimal]:
+        """What the lender's settled loans charge it: what its borrowers consumed."""
+        consumed: dict[str, Decimal] = {}
+        for seen in self.loans:
+            if seen.lender == lender and seen.settled is not None:
+                consumed = plus(consumed, seen.settled.consumed)
+        return consumed
+
+    def _loans(self, uid: str, status: ReservationEnvelopeStatus) -> None:
+        """Its loans to siblings: made only as policy.lending allows, above its floor, while
+        its own queue wants nothing; repaid only grows; settled once, never reopened; gone
+        from its ledger only once settled; `lent` is what is out and not repaid."""
+        lent: dict[str, Decimal] = {}
+        for borrower, loan in status.loans.items():
+            pair = (uid, borrower)
+            seen, last = self.loan_now.get(pair), self.loan_last.get(pair)
+            if (
+                seen is None
+                or last is None
+                or (last.phase is LoanPhase.SETTLED and loan.phase is LoanPhase.LENT)
+            ):
+                seen = self._lent(uid, borrower, loan, status)
+            else:
+                first = seen.lent
+                assert (loan.borrower, loan.amount, loan.lent_at) == (
+                    first.borrower,
+                    first.amount,
+                    first.lent_at,
+                ), f"{pair}: the loan changed: {first} -> {loan}"
+                assert at_most(last.repaid, loan.repaid), f"{pair}: repaid went back: {loan}"
+                if last.phase is LoanPhase.SETTLED:
+                    assert loan == last, f"{pair}: a settled loan changed: {last} -> {loan}"
+            assert all(v >= 0 for v in (*loan.repaid.values(), *loan.consumed.values())), pair
+            assert at_most(loan.repaid, loan.amount), f"{pair}: repaid more than lent: {loan}"
+            if loan.phase is LoanPhase.SETTLED:
+                if seen.settled is None:
+                    self._loan_settled(seen, loan)
+                assert seen.settled == loan, f"{pair} settled twice: {seen.settled} -> {loan}"
+            else:
+                assert not loan.consumed and loan.settled_at is None, f"{pair}: {loan}"
+                lent = plus(lent, minus(loan.amount, loan.repaid))
+            self.loan_now[pair], self.loan_last[pair] = seen, loan.model_copy(deep=True)
+        for pair, seen in self.loan_now.items():
+            if pair[0] == uid and pair[1] not in status.loans and seen is not None:
+                assert seen.settled is not None, f"{pair}: a loan left the ledger unsettled"
+                self.loan_now[pair] = None
+        assert same(status.totals.lent, lent), f"{uid}: lent {status.totals.lent} != {lent}"
+
+    def _lent(
+        self, uid: str, borrower: str, loan: Loan, status: ReservationEnvelopeStatus
+    ) -> LoanSeen:
+        """A loan made in the pass just written: what the lending rules allow."""
+        world = self.run.world
+        envelope, pair = world.envelopes[uid], (uid, borrower)
+        policy = envelope.spec.policy.lending
+        assert policy is not None, f"{pair}: lent without policy.lending"
+        assert loan.phase is LoanPhase.LENT and loan.lent_at == world.now, f"{pair}: {loan}"
+        assert not (loan.repaid or loan.consumed) and loan.settled_at is None, pair
+        assert status.wants is None, f"{pair}: lent while its own queue wants {status.wants}"
+        assert status.phase is EnvelopePhase.OPEN, f"{pair}: lent while {status.phase}"
+        other = world.envelopes.get(borrower)
+        assert other is not None and other.uid != uid, f"{pair}: lent to no sibling"
+        assert other.spec.parent is not None and other.spec.parent == envelope.spec.parent, pair
+        assert loan.borrower == other.name, pair
+        assert loan.amount and all(v > 0 for v in loan.amount.values()), pair
+        assert set(loan.amount) <= set(status.totals.capacity), f"{pair}: {loan.amount}"
+        # Sibling protection: never lent below the floor (what is left after this pass).
+        available = status.totals.available
+        for name in loan.amount:
+            floor = policy.floor.get(name, ZERO)
+            assert available.get(name, ZERO) >= floor, f"{pair}: {name} lent below {floor}"
+        seen = LoanSeen(uid, borrower, loan.model_copy(deep=True))
+        self.loans.append(seen)
+        return seen
+
+    def _loan_settled(self, seen: LoanSeen, loan: Loan) -> None:
+        """A loan settles on what its borrower recorded: repaid in full, or what was not
+        repaid when it closed is committed here (its claims consumed it), or in full when
+        it never drew on it; charged in full only by a person, once the borrower is gone."""
+        pair, world = (seen.lender, seen.borrower), self.run.world
+        assert loan.settled_at == world.now, f"{pair}: {loan}"
+        assert same(plus(loan.repaid, loan.consumed), loan.amount), f"{pair}: {loan}"
+        record = self.run.status(seen.borrower).borrowed.get(seen.lender)
+        mine = self.record_now.get((seen.borrower, seen.lender)) is seen
+        if self.run.exists(seen.borrower):
+            if record is not None and mine:
+                if record.closed_at is None:
+                    assert not still_owed(record), f"{pair} settled while owed: {record}"
+                assert same(loan.repaid, record.repaid), f"{pair}: {loan} != {record}"
+                assert same(loan.consumed, record.consumed), f"{pair}: {loan} != {record}"
+            else:  # never drawn on: nothing consumed
+                assert seen.record_first is None, f"{pair}: its record went: {seen}"
+                assert same(loan.repaid, loan.amount), f"{pair} charged, never drawn on: {loan}"
+        else:  # its borrower is gone: only a person's decision settles it
+            decided = world.envelopes[seen.lender].force_settle_gone
+            borrower = world.envelopes[seen.borrower]
+            assert seen.borrower in decided or borrower.name in decided, pair
+            if seen.record_closed is not None:  # never less than what its claims consumed
+                assert at_most(seen.record_closed.consumed, loan.consumed), f"{pair}: {loan}"
+        seen.settled = loan.model_copy(deep=True)
+
+    def _borrowed(self, uid: str, status: ReservationEnvelopeStatus) -> None:
+        """Its records of loans from siblings: each of a loan its lender made (same amount),
+        recorded once while open; repaid only grows, never beyond the amount; frozen at
+        close, with what is still owed as consumed; dropped only once repaid in full;
+        `borrowed` is what is still owed."""
+        world = self.run.world
+        owed: dict[str, Decimal] = {}
+        for lender, record in status.borrowed.items():
+            pair = (uid, lender)
+            seen, last = self.record_now.get(pair), self.record_last.get(pair)
+            if seen is None or last is None:
+                loan = self.loan_now.get((lender, uid))
+                assert loan is not None, f"{pair}: recorded a loan its lender does not hold"
+                assert loan.record_first is None, f"{pair}: recorded the same loan twice"
+                assert record.received_at == world.now, f"{pair}: {record}"
+                assert record.amount == loan.lent.amount, f"{pair}: {record} != {loan.lent}"
+                assert record.lender == world.envelopes[lender].name, pair
+                # (it may repay at once: its queue may want nothing by the time it records)
+                assert not record.consumed and record.closed_at is None, f"{pair}: {record}"
+                assert status.phase is EnvelopePhase.OPEN, f"{pair}: recorded while closed"
+                seen = loan
+                seen.record_first = record.model_copy(deep=True)
+            else:
+                first = seen.record_first
+                assert first is not None, pair
+                assert (record.lender, record.amount, record.received_at) == (
+                    first.lender,
+                    first.amount,
+                    first.received_at,
+                ), f"{pair}: the record changed: {first} -> {record}"
+                assert at_most(last.repaid, record.repaid), f"{pair}: repaid went back"
+                if last.closed_at is not None:
+                    assert record == last, f"{pair}: changed after close: {last} -> {record}"
+            assert all(v >= 0 for v in record.repaid.values()), pair
+            assert at_most(record.repaid, record.amount), f"{pair}: repaid too much: {record}"
+            if record.closed_at is not None and seen.record_closed is None:
+                assert record.closed_at == status.closed_at, f"{pair}: {record}"
+                assert same(record.consumed, still_owed(record)), f"{pair}: {record}"
+                seen.record_closed = record.model_copy(deep=True)
+            elif record.closed_at is None:
+                assert not record.consumed and status.closed_at is None, f"{pair}: {record}"
+            seen.record = record.model_copy(deep=True)
+            owed = plus(owed, still_owed(record))
+            self.record_now[pair], self.record_last[pair] = seen, seen.record
+        for pair, seen in self.record_now.items():
+            if pair[0] == uid and pair[1] not in status.borrowed and seen is not None:
+                last = self.record_last[pair]
+                assert not still_owed(last), f"{pair}: dropped a record still owed: {last}"
+                if self.run.exists(pair[1]):  # and only once its lender settled the loan
+                    loan = self.run.status(pair[1]).loans.get(uid)
+                    assert loan is not None and loan.phase is LoanPhase.SETTLED, pair
+                self.record_now[pair] = None
+        assert same(status.totals.borrowed, owed), f"{uid}: borrowed {status.totals} != {owed}"
+
+    def _loan_pairs(self) -> None:
+        """Both ledgers agree on every loan: a borrower's record is of the loan its lender
+        holds (same amount); the lender has taken back at most what the borrower recorded
+        as repaid, exactly that once settled; a loan whose borrower is gone is held."""
+        run = self.run
+        for borrower in run.live():
+            for lender, record in run.status(borrower).borrowed.items():
+                pair = (lender, borrower)
+                seen = self.record_now.get((borrower, lender))
+                if not run.exists(lender):
+                    # its lender went: it had settled the loan, on this record
+                    assert seen is not None and seen.settled is not None, pair
+                    if record.closed_at is None:
+                        assert not still_owed(record), f"{pair}: owed to a gone lender"
+                    continue
+                loan = run.status(lender).loans.get(borrower)
+                assert loan is not None, f"{pair}: a record of a loan its lender does not hold"
+                assert self.loan_now.get(pair) is seen, f"{pair}: records another loan"
+                assert loan.amount == record.amount, f"{pair}: {loan} != {record}"
+                if loan.phase is LoanPhase.LENT:
+                    assert at_most(loan.repaid, record.repaid), f"{pair}: {loan} > {record}"
+                else:
+                    assert same(loan.repaid, record.repaid), f"{pair}: {loan} != {record}"
+                    assert same(loan.consumed, record.consumed), f"{pair}: {loan} != {record}"
+                    if record.closed_at is None:
+                        assert not still_owed(record), f"{pair}: settled while owed"
 
 
 def parent_key(record: ParentRecord) -> str:
