@@ -28,7 +28,9 @@ of either run the auditor in tree_sim.Books checks, at every level:
   total is exactly Σ C of its settled claims and settled child lines;
 - a child's settled line charges C = the child's committed total at close and returns
   R − C = the balance the child released, once it closed; a closed envelope's record
-  never changes again.
+  never changes again;
+- loans between siblings (an envelope's policy.lending, now and then): see
+  test_borrowing_audit.py, whose histories are shaped for them.
 At the end every claim reports final and every envelope closes: everything must settle (no
 stuck deletion, no Reserved line left), the pool's (or each root's) committed total must be
 Σ C of every claim in its subtree, and the two runs must agree on every claim and child

@@ -410,6 +410,12 @@ class Run:
             self.books.check()
         self.observe(uid)
 
+    def remove_finalizer_by_hand(self, name: str) -> None:
+        """A person removes an envelope's finalizer: it is gone, whatever its ledger held."""
+        self.gone.add(self.world.uid(name))
+        self.observe(self.world.uid(name))
+        self.books.check()
+
     def reconcile_pool(self, lag: int = 0) -> None:
         pool = self.world.pool
         if pool is None:
@@ -793,7 +799,7 @@ class Books:
             assert at_most(loan.repaid, loan.amount), f"{pair}: repaid more than lent: {loan}"
             if loan.phase is LoanPhase.SETTLED:
                 if seen.settled is None:
-                    self._loan_settled(seen, loan)
+                    self._loan_settled(seen, loan, last)
                 assert seen.settled == loan, f"{pair} settled twice: {seen.settled} -> {loan}"
             else:
                 assert not loan.consumed and loan.settled_at is None, f"{pair}: {loan}"
@@ -802,6 +808,8 @@ class Books:
         for pair, seen in self.loan_now.items():
             if pair[0] == uid and pair[1] not in status.loans and seen is not None:
                 assert seen.settled is not None, f"{pair}: a loan left the ledger unsettled"
+                if self.run.exists(pair[1]):  # only once its borrower's record is gone
+                    assert uid not in self.run.status(pair[1]).borrowed, f"{pair}: {seen}"
                 self.loan_now[pair] = None
         assert same(status.totals.lent, lent), f"{uid}: lent {status.totals.lent} != {lent}"
 
@@ -832,10 +840,11 @@ class Books:
         self.loans.append(seen)
         return seen
 
-    def _loan_settled(self, seen: LoanSeen, loan: Loan) -> None:
+    def _loan_settled(self, seen: LoanSeen, loan: Loan, last: Loan | None) -> None:
         """A loan settles on what its borrower recorded: repaid in full, or what was not
         repaid when it closed is committed here (its claims consumed it), or in full when
-        it never drew on it; charged in full only by a person, once the borrower is gone."""
+        it never drew on it; once the borrower is gone, only by a person's decision, which
+        charges what was not repaid (what was taken back stays taken back)."""
         pair, world = (seen.lender, seen.borrower), self.run.world
         assert loan.settled_at == world.now, f"{pair}: {loan}"
         assert same(plus(loan.repaid, loan.consumed), loan.amount), f"{pair}: {loan}"
@@ -854,6 +863,8 @@ class Books:
             decided = world.envelopes[seen.lender].force_settle_gone
             borrower = world.envelopes[seen.borrower]
             assert seen.borrower in decided or borrower.name in decided, pair
+            taken_back = last.repaid if last is not None else {}
+            assert same(loan.repaid, taken_back), f"{pair}: charged again: {last} -> {loan}"
             if seen.record_closed is not None:  # never less than what its claims consumed
                 assert at_most(seen.record_closed.consumed, loan.consumed), f"{pair}: {loan}"
         seen.settled = loan.model_copy(deep=True)

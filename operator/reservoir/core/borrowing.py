@@ -100,14 +100,17 @@ def receive_loans(
     open_: bool,
     now: datetime,
 ) -> list[LedgerEvent]:
-    """Record each loan a sibling's ledger holds for this envelope, while it is open (a
-    closed envelope never draws on a loan, and its lender reads that from it). A record
-    repaid in full is dropped once its lender settled the loan."""
+    """Record each loan a sibling's ledger holds for this envelope, while it is open and
+    has no loan out itself (a closed envelope never draws on a loan, and its lender reads
+    that from it; two siblings never borrow from each other at once, so loans never form a
+    cycle that neither could close: found by the borrowing audit). A record repaid in full
+    is dropped once its lender settled the loan, or went (only settled lenders go)."""
     events: list[LedgerEvent] = []
+    lending = any(loan.phase is LoanPhase.LENT for loan in status.loans.values())
     for sibling in siblings:
         loan, mine = sibling.loan_to_me, status.borrowed.get(sibling.uid)
         if mine is None and loan is not None and loan.phase is LoanPhase.LENT and open_:
-            if len(status.borrowed) < MAX_LOANS and status.closed_at is None:
+            if len(status.borrowed) < MAX_LOANS and status.closed_at is None and not lending:
                 status.borrowed[sibling.uid] = Borrowing(
                     lender=sibling.name, amount=dict(loan.amount), received_at=now
                 )
@@ -125,6 +128,10 @@ def receive_loans(
             and (loan is None or loan.phase is LoanPhase.SETTLED)
         ):
             del status.borrowed[sibling.uid]  # repaid, and its lender knows it
+    present = {sibling.uid for sibling in siblings}
+    for uid in [u for u, record in status.borrowed.items() if not owed(record)]:
+        if uid not in present:
+            del status.borrowed[uid]
     return events
 
 

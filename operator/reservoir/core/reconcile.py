@@ -326,7 +326,8 @@ def reconcile(
     if ledger.wants is None:
         result.events += repay(ledger, balance)
         lending = envelope.spec.policy.lending
-        if lending is not None and open_now:
+        # It lends only while it owes nothing itself: loans never run in a cycle.
+        if lending is not None and open_now and not borrowed_total(ledger):
             result.events += lend(ledger, lending, envelope.siblings, balance, now)
 
     # 4. Compact: a settled entry leaves the ledger once its claim's status carries the
