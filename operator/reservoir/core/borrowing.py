@@ -31,7 +31,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 
-from reservoir.core.ledger import ZERO, add, fits, render, subtract
+from reservoir.core.ledger import (
+    ZERO,
+    add,
+    fits,
+    nonzero,
+    positive,
+    render,
+    subtract,
+    total,
+    within,
+)
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
     MAX_LOANS,
@@ -63,32 +73,17 @@ class SiblingFacts:
     borrowing_from_me: Borrowing | None = None  # its status.borrowed record of my loan
 
 
-def _positive(resources: Mapping[str, Decimal]) -> dict[str, Decimal]:
-    return {k: v for k, v in resources.items() if v > ZERO}
-
-
-def _nonzero(resources: Mapping[str, Decimal]) -> dict[str, Decimal]:
-    return {k: v for k, v in resources.items() if v != ZERO}
-
-
-def owed(record: Borrowing) -> dict[str, Decimal]:
+def owed(record: Borrowing | Loan) -> dict[str, Decimal]:
     """What is still owed on a loan (after closing: what the claims consumed of it)."""
-    return _positive(subtract(record.amount, record.repaid))
+    return positive(subtract(record.amount, record.repaid))
 
 
 def borrowed_total(status: ReservationEnvelopeStatus) -> dict[str, Decimal]:
-    result: dict[str, Decimal] = {}
-    for record in status.borrowed.values():
-        result = add(result, owed(record))
-    return result
+    return total(owed(record) for record in status.borrowed.values())
 
 
 def lent_total(status: ReservationEnvelopeStatus) -> dict[str, Decimal]:
-    result: dict[str, Decimal] = {}
-    for loan in status.loans.values():
-        if loan.phase is LoanPhase.LENT:
-            result = add(result, _positive(subtract(loan.amount, loan.repaid)))
-    return result
+    return total(owed(loan) for loan in status.loans.values() if loan.phase is LoanPhase.LENT)
 
 
 # --- the borrower's side -----------------------------------------------------------------
@@ -168,7 +163,7 @@ def close_borrowings(status: ReservationEnvelopeStatus, now: datetime) -> None:
 def shortage(
     requests: Mapping[str, Decimal], available: Mapping[str, Decimal]
 ) -> dict[str, Decimal]:
-    return _positive({k: v - available.get(k, ZERO) for k, v in requests.items()})
+    return positive(subtract(requests, available))
 
 
 # --- the lender's side -------------------------------------------------------------------
@@ -195,7 +190,7 @@ def settle_loans(
         if sibling is None:
             why = force_settle_gone.get(uid, force_settle_gone.get(loan.borrower))
             if why is not None:  # gone with the rest unknown: what is owed is charged
-                owing = _positive(subtract(loan.amount, loan.repaid))
+                owing = owed(loan)
                 events += _settle(loan, uid, dict(loan.repaid), owing, now, why)
                 committed = add(committed, owing)
             continue
@@ -203,7 +198,7 @@ def settle_loans(
             if sibling.sealed:
                 events += _settle(loan, uid, dict(loan.amount), {}, now, "never drawn on")
             continue
-        if record.amount != loan.amount or not _within(record.repaid, loan.amount):
+        if record.amount != loan.amount or not within(record.repaid, loan.amount):
             events.append(
                 LedgerEvent(
                     uid,
@@ -215,7 +210,7 @@ def settle_loans(
                 )
             )
             continue
-        loan.repaid = _nonzero(record.repaid)
+        loan.repaid = nonzero(record.repaid)
         if not owed(record):
             events += _settle(loan, uid, dict(loan.amount), {}, now, "repaid in full")
         elif record.closed_at is not None:
@@ -223,10 +218,6 @@ def settle_loans(
             events += _settle(loan, uid, dict(loan.repaid), consumed, now, "its borrower closed")
             committed = add(committed, consumed)
     return committed, events
-
-
-def _within(part: Mapping[str, Decimal], whole: Mapping[str, Decimal]) -> bool:
-    return set(part) <= set(whole) and all(ZERO <= v <= whole[k] for k, v in part.items())
 
 
 def _settle(
@@ -238,8 +229,8 @@ def _settle(
     why: str,
 ) -> list[LedgerEvent]:
     loan.phase = LoanPhase.SETTLED
-    loan.repaid = _nonzero(repaid)
-    loan.consumed = _nonzero(consumed)
+    loan.repaid = nonzero(repaid)
+    loan.consumed = nonzero(consumed)
     loan.settled_at = now
     message = (
         f"loan to {loan.borrower} settled ({why}): repaid {render(loan.repaid) or 'nothing'}, "
@@ -258,14 +249,14 @@ def lend(
     """Lend siblings what their queues are short of, highest priority first, oldest
     first, never below the floor; `available` is drawn down by what is lent."""
     events: list[LedgerEvent] = []
-    lendable = _positive(subtract(available, lending.floor))
+    lendable = positive(subtract(available, lending.floor))
     asking = [
         s for s in siblings if s.wants is not None and s.accepting and s.uid not in status.loans
     ]
     asking.sort(key=lambda s: (-s.wants.priority, s.wants.since, s.name) if s.wants else ())
     for sibling in asking:
         assert sibling.wants is not None
-        need = _positive(sibling.wants.resources)
+        need = positive(sibling.wants.resources)
         if not need or len(status.loans) >= MAX_LOANS or not fits(need, lendable):
             continue
         status.loans[sibling.uid] = Loan(

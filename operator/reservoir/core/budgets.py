@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from reservoir.core.ledger import ZERO, add, fits, render, subtract
+from reservoir.core.ledger import ZERO, add, fits, nonzero, render, subtract, within
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
     MAX_DEPTH,
@@ -86,13 +86,6 @@ class ChildLedger:
     def _note(self, uid: str, entry: ChildEntry, reason: str, message: str) -> None:
         self.events.append(LedgerEvent(uid, entry.envelope, reason, message))
 
-    def reserved(self) -> dict[str, Decimal]:
-        held: dict[str, Decimal] = {}
-        for entry in self.children.values():
-            if entry.phase is ChildPhase.RESERVED:
-                held = add(held, entry.reserved)
-        return held
-
     def open_children(self) -> int:
         return sum(1 for e in self.children.values() if e.phase is ChildPhase.RESERVED)
 
@@ -131,7 +124,7 @@ def settle_children(
             continue  # still open or closing: its claims are settling inside it
         # Its balance in the resources drawn from here (from a pool, those it names).
         balance = {k: v for k, v in child.balance_released.items() if k in entry.reserved}
-        if not _within(balance, entry.reserved):
+        if not within(balance, entry.reserved):
             ledger.events.append(
                 LedgerEvent(
                     uid,
@@ -147,12 +140,6 @@ def settle_children(
         _settle(ledger, uid, entry, consumed, "Closed", "closed and returned its balance")
 
 
-def _within(balance: Mapping[str, Decimal], reserved: Mapping[str, Decimal]) -> bool:
-    return set(balance) <= set(reserved) and all(
-        ZERO <= amount <= reserved[name] for name, amount in balance.items()
-    )
-
-
 def _settle(
     ledger: ChildLedger,
     uid: str,
@@ -162,7 +149,7 @@ def _settle(
     message: str,
 ) -> None:
     entry.phase = ChildPhase.SETTLED
-    entry.consumed = {k: v for k, v in consumed.items() if v != ZERO}
+    entry.consumed = nonzero(consumed)
     entry.released = {
         k: v for k, v in subtract(entry.reserved, consumed).items() if v != ZERO or k in consumed
     }

@@ -49,6 +49,20 @@ def total(maps: Iterable[Mapping[str, Decimal]]) -> Resources:
     return result
 
 
+def positive(resources: Mapping[str, Decimal]) -> Resources:
+    """The resources with something left: what is still owed, short or outstanding."""
+    return {k: v for k, v in resources.items() if v > ZERO}
+
+
+def nonzero(resources: Mapping[str, Decimal]) -> Resources:
+    return {k: v for k, v in resources.items() if v != ZERO}
+
+
+def within(part: Mapping[str, Decimal], whole: Mapping[str, Decimal]) -> bool:
+    """Every amount of `part` is between zero and the same resource's amount in `whole`."""
+    return set(part) <= set(whole) and all(ZERO <= v <= whole[k] for k, v in part.items())
+
+
 def fits(request: Mapping[str, Decimal], available: Mapping[str, Decimal]) -> bool:
     return all(amount <= available.get(name, ZERO) for name, amount in request.items())
 

@@ -278,33 +278,21 @@ def reconcile(
     waiting = [
         c for c in facts_by_uid.values() if c.uid not in ledger.entries and c.settled_record is None
     ]
-    queue: list[ClaimFacts | ChildFacts] = [
-        *waiting,
-        *waiting_children(envelope.children, ledger.children),
-    ]
+    children_waiting = waiting_children(envelope.children, ledger.children)
+    queue: list[ClaimFacts | ChildFacts] = [*waiting, *children_waiting]
     queue.sort(key=lambda item: _queue_key(item).sort_key())
     blocked_by: str | None = None
     balance = _totals(envelope, committed, ledger).available
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     depth = ledger.parent.depth if ledger.parent is not None else 1
+    # Not open yet, but it may open: it admits no child, and still records the withdrawal
+    # of a child closed or deleted meanwhile (the child may then go).
+    may_open = not result.admitted and envelope.accepting(now) and not _withdrawn(result)
     for item in queue:
         if isinstance(item, ChildFacts):
-            # A parent not open yet admits nobody, but still records the withdrawal of a
-            # child closed or deleted meanwhile: the child may then go.
-            if (
-                result.admitted
-                or not envelope.accepting(now)
-                or _withdrawn(result)
-                or not item.accepting
-            ):
+            if not (may_open and item.accepting):
                 blocked_by = admit_child(
-                    children,
-                    item,
-                    balance,
-                    envelope.spec.capacity,
-                    depth,
-                    result.admitted and envelope.accepting(now) and not _withdrawn(result),
-                    blocked_by,
+                    children, item, balance, envelope.spec.capacity, depth, open_now, blocked_by
                 )
             continue
         blocked_by = _admit_one(result, envelope, item, balance, blocked_by, now)
@@ -313,7 +301,7 @@ def reconcile(
     # Lines its children have not yet mirrored, and children it has not even answered: a
     # parent goes only once every child knows its fate from the child's own record.
     result.children_unsettled = len(ledger.children) + sum(
-        1 for c in waiting_children(envelope.children, ledger.children)
+        1 for c in children_waiting if c.uid not in ledger.children
     )
 
     # 3b. Borrow what the queue is short of, or repay what is owed; lend what is spare.

@@ -87,15 +87,12 @@ async def siblings_of(
     client: AsyncClient, namespace: str, parent: str, uid: str, now: datetime
 ) -> tuple[list[SiblingFacts], dict[str, dict[str, Any]]]:
     """The other envelopes drawing on the same parent envelope, as loans see them."""
+    children, bodies = await children_of(client, namespace, parent, now)
     facts: list[SiblingFacts] = []
-    bodies: dict[str, dict[str, Any]] = {}
-    async for item in client.list(
-        ReservationEnvelope, namespace=namespace, fields={"spec.parent": parent}
-    ):
-        body = as_dict(item)
-        child = child_facts(body, now)
-        if child is None or child.uid == uid:
+    for child in children:
+        if child.uid == uid:
             continue
+        body = bodies[child.uid]
         status = ReservationEnvelopeStatus.model_validate(body.get("status") or {})
         facts.append(
             SiblingFacts(
@@ -111,8 +108,7 @@ async def siblings_of(
                 borrowing_from_me=status.borrowed.get(uid),
             )
         )
-        bodies[child.uid] = body
-    return facts, bodies
+    return facts, {k: v for k, v in bodies.items() if k != uid}
 
 
 async def _get(client: AsyncClient, kind: Any, name: str, namespace: str | None) -> Any | None:
