@@ -8,7 +8,13 @@ from typing import Any
 import yaml
 
 from reservoir import crdgen
-from reservoir.core.model import DEVICE_ATTRIBUTE_VALUE, NAMESPACE_NAME
+from reservoir.core.model import (
+    DEVICE_ATTRIBUTE_VALUE,
+    KIND_NAME,
+    NAMESPACE_NAME,
+    OPERATION_URL,
+    REQUEST_ID,
+)
 from reservoir.core.quantity import MAX_QUANTITY, QUANTITY_PATTERN, parse_quantity
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
@@ -79,6 +85,14 @@ def schema_nodes(
     return found
 
 
+OTHER_GRAMMARS = {
+    "provider.statusURL": OPERATION_URL,
+    "provider.cancelURL": OPERATION_URL,
+    "upstream.requestId": REQUEST_ID,
+    "upstream.ref.kind": KIND_NAME,
+}
+
+
 def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> None:
     """One definition: the schema's quantity pattern is the parser's, every quantity map
     carries the 1E bound the parser enforces, and nothing else uses a pattern."""
@@ -93,6 +107,10 @@ def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> N
                 continue
             if path.endswith("spec.namespaces[]"):  # and a pool's namespace names
                 assert node["pattern"] == NAMESPACE_NAME
+                continue
+            other = [g for suffix, g in OTHER_GRAMMARS.items() if path.endswith(suffix)]
+            if other:  # URLs, idempotency keys and kinds
+                assert node["pattern"] == other[0], f"{kind} {path}"
                 continue
             assert node["pattern"] == QUANTITY_PATTERN, f"{kind} {path}: another grammar"
             assert node.get("type") == "string", f"{kind} {path}"

@@ -63,6 +63,9 @@ MAX_ENVELOPE_CHILDREN = 64
 MAX_CHILDREN = 256
 MAX_POOL_NAMESPACES = 64
 MAX_LOANS = 8  # loans an envelope has out (or in) at once
+MAX_RESULT_LENGTH = 512  # a result reference: a URI or an object's name, not the result
+MAX_TRANSITIONS = 8  # the phase graph is acyclic: at most 5 moves, plus an adjustment
+MAX_ERROR_LENGTH = 160
 
 Quantity = Annotated[
     Decimal,
@@ -155,6 +158,56 @@ class UpstreamState(StrEnum):
     SUBMITTED = "Submitted"
     ACCEPTED = "Accepted"
     RUNNING = "Running"
+
+
+class ProviderState(StrEnum):
+    """What the provider says about the upstream operation, in the response contract's words.
+    Succeeded, Failed, Cancelled and NeverStarted are terminal answers: authoritative, the
+    claim settles on them. Unknown (or a lookup that failed) keeps the claim as it is."""
+
+    PENDING = "Pending"  # accepted or queued, not started
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    CANCELLED = "Cancelled"
+    NEVER_STARTED = "NeverStarted"  # never started and never will: nothing ran
+    UNKNOWN = "Unknown"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (
+            ProviderState.SUCCEEDED,
+            ProviderState.FAILED,
+            ProviderState.CANCELLED,
+            ProviderState.NEVER_STARTED,
+        )
+
+
+class UpstreamCancel(StrEnum):
+    """What a cancel after the commit point does upstream, when the provider supports it."""
+
+    NEVER = "Never"  # record the request only
+    SUSPEND = "Suspend"  # HTTP: the cancel call; a Job: spec.suspend=true
+    DELETE = "Delete"  # HTTP: the cancel call; a Job, Pod or other object: deleted
+
+
+class LateCompletion(StrEnum):
+    """What a final report (or provider answer) after a deadline decision does."""
+
+    ADJUST = "Adjust"  # one recorded adjustment while the envelope is open
+    RECORD = "Record"  # recorded only
+
+
+class Trigger(StrEnum):
+    """Who or what moved a claim: the source of the fact a transition was decided on."""
+
+    ADMISSION = "Admission"  # the operator's queue
+    WORKER = "Worker"  # the claim's spec: dispatch, cancel, usage, a final report
+    POD = "Pod"  # a workload pod bound, started, or went away
+    PROVIDER = "Provider"  # a provider lookup
+    CLOCK = "Clock"  # a lease end, a deadline, a retry window
+    PERSON = "Person"  # a force-settle annotation
+    DELETION = "Deletion"  # the claim or its envelope was deleted
 
 
 class ClaimPhase(StrEnum):
@@ -252,6 +305,52 @@ class Lending(Model):
     )
 
 
+class SecretKeyRef(Model):
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_NAME_LENGTH,
+        description="A Secret in the envelope's namespace.",
+    )
+    key: str = Field(min_length=1, max_length=253, description="The key holding the token.")
+
+
+OPERATION_URL = r"^https?://[^\s]+$"
+
+
+class ProviderEndpoint(Model):
+    """The HTTP provider contract (README "Provider adapters"): GET the status URL with the
+    operation id substituted; the answer is JSON {operationId, state, usage, result}."""
+
+    status_url: str = Field(
+        max_length=1024,
+        pattern=OPERATION_URL,
+        alias="statusURL",
+        description="GET for an operation's status; '{operationId}' is replaced by the "
+        "claim's upstream.operationId (URL-escaped).",
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "self.contains('{operationId}')",
+                    "message": "statusURL names {operationId}",
+                }
+            ]
+        },
+    )
+    cancel_url: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=OPERATION_URL,
+        alias="cancelURL",
+        description="POST to ask for cancellation (same substitution). Unset: the provider "
+        "cannot cancel.",
+    )
+    token_secret: SecretKeyRef | None = Field(
+        default=None,
+        description="A bearer token for both calls, from a Secret the operator is allowed "
+        "to read (the chart's providers.secrets).",
+    )
+
+
 class EnvelopePolicy(Model):
     max_active_claims: int | None = Field(
         default=None,
@@ -325,6 +424,36 @@ class EnvelopePolicy(Model):
         description="Hold: keep its capacity reconciling until a report comes. "
         "Quarantine: charge the whole reservation as consumed (safe for scarce "
         "capacity). Release: return it to the envelope. Recorded on the claim.",
+    )
+    provider: ProviderEndpoint | None = Field(
+        default=None,
+        description="An HTTP status endpoint for the claims' upstream operations (those "
+        "with upstream.operationId and supportsStatus and no upstream.ref): looked up for "
+        "claims that need it (Detached, cancel requested, submitted but not accepted), with "
+        "bounded, jittered backoff.",
+    )
+    upstream_cancel: UpstreamCancel = Field(
+        default=UpstreamCancel.SUSPEND,
+        description="A cancel after the commit point, for a claim whose upstream.supportsCancel "
+        "is true: Suspend (HTTP: the cancel call; a Job is suspended), Delete (HTTP: the "
+        "cancel call; the referenced object is deleted) or Never (only recorded). Always "
+        "recorded as requested, never as confirmed: the capacity waits for a terminal "
+        "answer, a final report or the ambiguity deadline.",
+    )
+    provider_lookup_max_seconds: int = Field(
+        default=300,
+        ge=2,
+        le=86400,
+        description="The longest wait between two provider lookups of one claim (the wait "
+        "doubles from 2 s after each lookup that does not settle it, with jitter).",
+    )
+    late_completion: LateCompletion = Field(
+        default=LateCompletion.ADJUST,
+        description="A final report or terminal provider answer after a deadline decision "
+        "(Quarantine or Release): Adjust records one adjustment while the envelope is open "
+        "(a quarantined claim that used less returns the difference; a released one that "
+        "used more is charged it, at most what the envelope has available). Record only "
+        "records it. The settlement itself never changes.",
     )
     lending: Lending | None = Field(
         default=None,
@@ -477,6 +606,62 @@ def device_names(description: str) -> Any:
     return Field(default_factory=list, max_length=MAX_DEVICES_PER_CLAIM, description=description)
 
 
+class Transition(Model):
+    """One move of a claim, recorded by the ledger pass that decided it."""
+
+    from_phase: ClaimPhase = Field(alias="from", description="The phase it left.")
+    to: ClaimPhase = Field(description="The phase it entered.")
+    reason: str = Field(max_length=64, description="Why, in one CamelCase word.")
+    trigger: Trigger = Field(description="The source of the fact it was decided on.")
+    at: datetime = Field(description="When (operator clock, UTC).")
+    lease_generation: int = Field(
+        default=0, ge=0, description="The claim's lease generation at the time."
+    )
+
+
+class ProviderRecord(Model):
+    """The last thing the provider said about the upstream operation, and the lookups."""
+
+    state: ProviderState | None = Field(default=None, description="Its last answer.")
+    checked_at: datetime | None = Field(default=None, description="When it was last asked.")
+    failures: int = Field(default=0, ge=0, description="Lookups in a row that failed.")
+    last_error: str | None = Field(
+        default=None, max_length=MAX_ERROR_LENGTH, description="Why the last lookup failed."
+    )
+    next_lookup_at: datetime | None = Field(
+        default=None, description="When it is asked next (bounded, jittered backoff)."
+    )
+    cancel_forwarded_at: datetime | None = Field(
+        default=None,
+        description="When a cancel was forwarded upstream: requested, never confirmed.",
+    )
+    cancel: str | None = Field(
+        default=None, max_length=MAX_ERROR_LENGTH, description="What forwarding the cancel did."
+    )
+
+
+class Adjustment(Model):
+    """A late completion after a deadline decision, applied once while the envelope was
+    open (or only recorded). The settlement it follows is never changed."""
+
+    returned: ResourceMap = resource_map("Returned to the envelope: charged, but not used.")
+    charged: ResourceMap = resource_map("Charged to the envelope: used, but not charged.")
+    applied: bool = Field(description="False: recorded only (policy Record, envelope closed).")
+    outcome: Outcome | None = Field(default=None, description="The late report's outcome.")
+    at: datetime = Field(description="When (operator clock, UTC).")
+
+
+class RetryHold(Model):
+    """What a failed attempt did not consume, kept for the branch's next attempt."""
+
+    resources: ResourceMap = resource_map("Held for the next attempt.")
+    until: datetime = Field(description="When the window closes and it returns.")
+    taken_by: str | None = Field(
+        default=None, max_length=MAX_NAME_LENGTH, description="The attempt that took it."
+    )
+    returned: bool = Field(default=False, description="The window closed: it went back.")
+
+
 class DeviceHold(Model):
     """Devices the scheduler allocated to a claim (through its ResourceClaim), recorded
     when the claim was admitted on them."""
@@ -548,6 +733,23 @@ class LedgerEntry(Model):
         "is gone (a UID never comes back), what it did is unknown.",
     )
     settlement: Settlement | None = Field(default=None, description="Set once, when settled.")
+    provider: ProviderRecord | None = Field(
+        default=None, description="Provider lookups for its upstream operation."
+    )
+    result: str | None = Field(
+        default=None, max_length=MAX_RESULT_LENGTH, description="Its result reference."
+    )
+    history: list[Transition] = Field(
+        default_factory=list,
+        description="Its transitions, oldest first.",
+        json_schema_extra={"maxItems": MAX_TRANSITIONS},
+    )
+    adjustment: Adjustment | None = Field(
+        default=None, description="A late completion after a deadline decision."
+    )
+    retry: RetryHold | None = Field(
+        default=None, description="What a failed attempt keeps for the branch's next attempt."
+    )
 
 
 class ResourceTotals(Model):
@@ -742,6 +944,26 @@ class ReservationEnvelopeStatus(Model):
 # --- BranchClaim ------------------------------------------------------------------------
 
 
+KIND_NAME = "^[A-Z][A-Za-z0-9]*$"
+REQUEST_ID = "^[\\x21-\\x7e]+$"  # printable ASCII, no spaces
+
+
+class ObjectRef(Model):
+    """A Kubernetes object in the claim's namespace."""
+
+    api_version: str = Field(
+        default="batch/v1", max_length=253, description="Its apiVersion, e.g. batch/v1 or v1."
+    )
+    kind: str = Field(
+        default="Job",
+        min_length=1,
+        max_length=63,
+        pattern=KIND_NAME,
+        description="Its kind: Job, Pod, or a kind with status.conditions.",
+    )
+    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Its name.")
+
+
 class Upstream(Model):
     """The provider operation the branch runs as: kept so that reconciliation can find it."""
 
@@ -756,6 +978,21 @@ class Upstream(Model):
     )
     supports_cancel: bool = Field(default=False, description="Provider can cancel it.")
     supports_status: bool = Field(default=False, description="Provider can report status.")
+    ref: ObjectRef | None = Field(
+        default=None,
+        description="A Kubernetes object (same namespace) that runs the branch: a Job, a Pod, "
+        "or any object with standard conditions. Its status is the provider's authoritative "
+        "answer. Set once, then fixed.",
+    )
+    request_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=128,
+        pattern=REQUEST_ID,
+        description="The client's idempotency key for the submission. Two claims of a "
+        "namespace may not share one: the younger is Rejected (DuplicateRequestId). Set "
+        "once, then fixed.",
+    )
 
 
 class LeaseSettings(Model):
@@ -891,6 +1128,33 @@ CLAIM_SPEC_RULES: list[JsonValue] = [
         "(has(self.usage) ? self.usage : {}) == (has(oldSelf.usage) ? oldSelf.usage : {})",
         "message": "usage cannot change once the report is final",
     },
+    {
+        "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.ref)) || "
+        "(has(self.upstream) && has(self.upstream.ref) && "
+        "self.upstream.ref == oldSelf.upstream.ref)",
+        "message": "upstream.ref is set once: it cannot change or be removed",
+    },
+    {
+        "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.requestId)) || "
+        "(has(self.upstream) && has(self.upstream.requestId) && "
+        "self.upstream.requestId == oldSelf.upstream.requestId)",
+        "message": "upstream.requestId is set once: it cannot change or be removed",
+    },
+    {
+        "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.operationId)) || "
+        "(has(self.upstream) && has(self.upstream.operationId) && "
+        "self.upstream.operationId == oldSelf.upstream.operationId)",
+        "message": "upstream.operationId is set once: it cannot change or be removed",
+    },
+    {
+        "rule": "!has(oldSelf.result) || (has(self.result) && self.result == oldSelf.result)",
+        "message": "result is set once: it cannot change or be removed",
+    },
+    {
+        "rule": "has(self.retryWindowSeconds) == has(oldSelf.retryWindowSeconds) && "
+        "(!has(self.retryWindowSeconds) || self.retryWindowSeconds == oldSelf.retryWindowSeconds)",
+        "message": "retryWindowSeconds is fixed at creation",
+    },
 ]
 
 
@@ -979,6 +1243,23 @@ class BranchClaimSpec(Model):
     upstream: Upstream = Field(
         default_factory=Upstream, description="The provider operation this branch runs as."
     )
+    result: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=MAX_RESULT_LENGTH,
+        description="A durable reference to the branch's result (a URI or an object's name), "
+        "reported with or before the final report. Recorded in status.result and kept "
+        "after settlement, so a client that reconnects finds the outcome by the claim's "
+        "name. Set once.",
+    )
+    retry_window_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="If this attempt fails (outcome Failed), what it did not consume is kept "
+        "for the branch's next attempt (a claim with the same branch and a higher attempt) "
+        "for this long after settlement, then returned to the envelope. Fixed at creation.",
+    )
 
     @property
     def declared(self) -> str:
@@ -1024,6 +1305,26 @@ class BranchClaimStatus(Model):
     settlement: Settlement | None = Field(default=None, description="The settlement record.")
     late: LateReport | None = Field(default=None, description="Reports after settlement.")
     overrun: Overrun | None = Field(default=None, description="Usage above the reservation.")
+    provider: ProviderRecord | None = Field(
+        default=None, description="The provider's last answer about the upstream operation."
+    )
+    result: str | None = Field(
+        default=None,
+        max_length=MAX_RESULT_LENGTH,
+        description="The result reference, from the final report or the provider: kept after "
+        "settlement (`kubectl reservoir result`).",
+    )
+    history: list[Transition] = Field(
+        default_factory=list,
+        description="Every transition, oldest first (`kubectl reservoir history`).",
+        json_schema_extra={"maxItems": MAX_TRANSITIONS},
+    )
+    adjustment: Adjustment | None = Field(
+        default=None, description="A late completion after a deadline decision."
+    )
+    retry: RetryHold | None = Field(
+        default=None, description="What this failed attempt keeps for the next attempt."
+    )
     queue_reason: str | None = Field(
         default=None, max_length=1024, description="Why the claim is still Pending."
     )
