@@ -35,6 +35,7 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
     "metrics.dashboard.enabled": (False, True),
     "placeholderPriorityClass.create": (True, False),
     "admissionPolicy.enabled": (True, False),
+    "providers.secrets": ([], ["provider-token"]),
 }
 MONITORING = {
     "metrics.serviceMonitor.enabled": True,
@@ -126,6 +127,7 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
 
 
 def test_no_rule_uses_a_wildcard_or_touches_secrets() -> None:
+    """Unless providers.secrets names some (test_provider_rules_...)."""
     for values in ({}, {"watchNamespaces": ["a"]}):
         for doc in render(values):
             for rule in doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []:
@@ -133,6 +135,56 @@ def test_no_rule_uses_a_wildcard_or_touches_secrets() -> None:
                     assert "*" not in rule.get(field, []), f"{doc['metadata']['name']}: {rule}"
                 assert "secrets" not in rule.get("resources", []), doc["metadata"]["name"]
                 assert not rule.get("nonResourceURLs"), doc["metadata"]["name"]
+
+
+def operator_rules(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], list[Any]]:
+    """The rules of the operator's (Cluster)Roles, by (kind, namespace)."""
+    return {
+        (d["kind"], d["metadata"].get("namespace")): d["rules"]
+        for d in docs
+        if d["kind"] in ("Role", "ClusterRole") and d["metadata"]["name"] == "rel-reservoir"
+    }
+
+
+def test_provider_rules_jobs_named_secrets_and_extra_rules() -> None:
+    """Upstream Jobs (watch, read, suspend, delete) and Pods (read) always; Secrets only by
+    the names providers.secrets lists, only get; providers.extraRules as given. Wherever the
+    operator's other namespaced rules are: the ClusterRole, or each watched namespace's Role
+    (never the namespaced release's ClusterRole)."""
+    extra = {"apiGroups": ["example.com"], "resources": ["trainings"], "verbs": ["get", "delete"]}
+    secret_rule = {
+        "apiGroups": [""],
+        "resources": ["secrets"],
+        "resourceNames": ["provider-token", "other-token"],
+        "verbs": ["get"],
+    }
+    jobs = {
+        "apiGroups": ["batch"],
+        "resources": ["jobs"],
+        "verbs": ["get", "list", "watch", "patch", "delete"],
+    }
+    for scope in ({}, {"watchNamespaces": ["a", "b"]}):
+        where = [("Role", "a"), ("Role", "b")] if scope else [("ClusterRole", None)]
+        plain = operator_rules(render(scope))
+        for key in where:
+            assert jobs in plain[key], plain[key]
+            assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]} in plain[key]
+            assert not [r for r in plain[key] if "secrets" in r["resources"]], plain[key]
+            assert extra not in plain[key]
+        values = {
+            **scope,
+            "providers.secrets": ["provider-token", "other-token"],
+            "providers.extraRules": [extra],
+        }
+        rules = operator_rules(render(values))
+        for key in where:
+            assert secret_rule in rules[key] and extra in rules[key], rules[key]
+            touching = [r for r in rules[key] if "secrets" in r["resources"]]
+            assert touching == [secret_rule], touching
+        if scope:
+            cluster_wide = rules[("ClusterRole", None)]
+            assert not [r for r in cluster_wide if r["resources"][0] in ("jobs", "secrets")]
+            assert extra not in cluster_wide
 
 
 def test_the_schema_rejects_typos_and_wrong_types() -> None:
@@ -165,6 +217,15 @@ def test_the_schema_rejects_typos_and_wrong_types() -> None:
         # The selector's labels: the Deployment would no longer select its pods.
         {"podLabels": {"app.kubernetes.io/name": "other"}},
         {"podLabels": {"app.kubernetes.io/instance": "other"}},
+        # Provider Secrets are names; extra rules have no wildcard and no Secrets.
+        {"providers.secrets": "token"},
+        {"providers.secrets": ["Bad_Name"]},
+        {"providers.extraRules": [{"apiGroups": ["*"], "resources": ["x"], "verbs": ["get"]}]},
+        {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["*"], "verbs": ["get"]}]},
+        {"providers.extraRules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]},
+        {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"], "verbs": ["*"]}]},
+        {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"], "verbs": ["bind"]}]},
+        {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"]}]},
     ):
         out = lint(values)
         assert "1 chart(s) failed" in out and "schema" in out, f"accepted {values}:\n{out}"

@@ -126,6 +126,7 @@ def test_a_namespaced_release_runs_the_dynamic_branches_with_only_its_token(
         "watchNamespaces": [ns],
         "rbac.userRoles": False,
         "placeholderPriorityClass.create": False,
+        "providers.secrets": ["provider-token"],
     }
     with release(cluster, values, "--skip-crds") as (name, namespace):
         kubeconfig = token_kubeconfig(cluster, f"{name}-reservoir", namespace, tmp_path / "kc")
@@ -162,6 +163,13 @@ def test_a_namespaced_release_runs_the_dynamic_branches_with_only_its_token(
         forbidden(kubeconfig, "get", "bclaim", "-A")
         forbidden(kubeconfig, "get", "pods", "-n", namespace)
         forbidden(kubeconfig, "get", "clusterkopfpeerings")
+        # Upstream Jobs in its namespaces; of the Secrets, only the one the chart names.
+        assert can(kubeconfig, "patch", "jobs.batch", ns)
+        assert can(kubeconfig, "get", "secrets/provider-token", ns)
+        assert not can(kubeconfig, "get", "secrets/other-token", ns)
+        assert not can(kubeconfig, "list", "secrets", ns)
+        assert not can(kubeconfig, "get", "secrets/provider-token", namespace)
+        forbidden(kubeconfig, "get", "jobs", "-n", namespace)
 
 
 def test_the_operators_token_is_refused_everything_else(
@@ -171,10 +179,12 @@ def test_the_operators_token_is_refused_everything_else(
     kubeconfig = token_kubeconfig(cluster, f"{name}-reservoir", namespace, tmp_path / "kc")
     create_envelope(cluster, ns, "wf", {"tokens": "10"})
     allowed(kubeconfig, "get", "renv,bclaim", "-A")  # the token works
-    allowed(kubeconfig, "get", "leases,pods", "-n", ns)
+    allowed(kubeconfig, "get", "leases,pods,jobs", "-n", ns)
     forbidden(kubeconfig, "get", "secrets", "-n", ns)  # list
     forbidden(kubeconfig, "get", "secret", "anything", "-n", ns)  # get
     forbidden(kubeconfig, "get", "secrets", "-A")
+    assert not can(kubeconfig, "get", "secrets/provider-token", ns)  # none named: none at all
+    forbidden(kubeconfig, "create", "job", "x", "--image=busybox", "-n", ns)
     forbidden(kubeconfig, "get", "configmaps", "-n", ns)
     forbidden(kubeconfig, "create", "configmap", "x", "-n", ns, "--from-literal=a=b")
     forbidden(kubeconfig, "delete", "namespace", ns)
@@ -189,9 +199,11 @@ def test_the_operators_token_is_refused_everything_else(
         "-p",
         '{"spec":{"replicas":5}}',
     )
-    # Pods and ResourceClaims it may create and delete (GPU placeholders), nothing more.
-    forbidden(kubeconfig, "logs", "anything", "-n", ns)
-    forbidden(kubeconfig, "exec", "anything", "-n", ns, "--", "true")
+    # Pods and ResourceClaims it may create and delete (GPU placeholders), and pods it may
+    # read (upstream refs), nothing more. (`kubectl logs/exec` would get the pod first.)
+    for verb, subresource in (("get", "log"), ("create", "exec")):
+        asked = ("auth", "can-i", verb, "pods", f"--subresource={subresource}", "-n", ns)
+        assert kubectl_as(kubeconfig, *asked).stdout.strip() == "no", subresource
     forbidden(kubeconfig, "patch", "resourceclaim", "x", "-n", ns, "-p", '{"metadata":{}}')
     forbidden(kubeconfig, "get", "deviceclasses")
     forbidden(kubeconfig, "create", "-f", "-", input=envelope_manifest(ns, "mine"))

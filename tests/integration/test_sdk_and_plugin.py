@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reservoir.sdk import LeaseUncertainError, Reservoir, StaleClaimError
+from reservoir.core.model import ClaimPhase, Outcome, Trigger
+from reservoir.sdk import ClaimExistsError, LeaseUncertainError, Reservoir, StaleClaimError
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
 from tests.integration.helpers import create_envelope, eventually, plugin, wait_phase
@@ -114,3 +115,124 @@ def test_the_kubectl_plugin_drives_a_claim_and_prints_the_ledger(
 
     bad = plugin(cluster, ns, "usage", "s", "tokens=lots")
     assert bad.returncode == 1 and "not a non-negative Kubernetes quantity" in bad.stderr
+
+
+def test_holding_again_by_name_returns_the_same_claim_and_refuses_another(
+    cluster: ClusterHandle, ns: str, sdk: Reservoir
+) -> None:
+    """Idempotent submission: a client that lost the answer to its hold holds again."""
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    first = sdk.hold("wf", "search", {"tokens": "20"}, name="x", lease_seconds=30)
+    again = sdk.hold("wf", "search", {"tokens": "2e1"}, name="x", lease_seconds=30)
+    assert again.uid == first.uid and again.name == "x"
+    assert type(again) is type(first)
+
+    with pytest.raises(ClaimExistsError, match="already exists") as raised:
+        sdk.hold("wf", "search", {"tokens": "30"}, name="x", lease_seconds=30)
+    assert raised.value.differences == ("spec.requests",)
+    assert "tokens=30 asked, tokens=20 on the claim" in str(raised.value)
+    with pytest.raises(ClaimExistsError) as raised:
+        sdk.hold("wf", "other", {"tokens": "20"}, name="x", lease_seconds=30, priority=3)
+    assert raised.value.differences == ("spec.branch", "spec.priority")
+    # Nothing was written by the refused holds.
+    assert sdk.get("x").resource_version == first.resource_version
+    listed = cluster.kubectl("get", "bclaim", "-n", ns, "-o", "name").split()
+    assert listed == ["branchclaim.reservoir.dev/x"]
+
+
+def test_hold_records_the_request_id_on_the_claim(
+    cluster: ClusterHandle, ns: str, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    claim = sdk.hold("wf", "search", {"tokens": "20"}, name="x", request_id="req-7f3a")
+    assert claim.spec.upstream.request_id == "req-7f3a"
+    stored = cluster.kubectl(
+        "get", "bclaim", "x", "-n", ns, "-o", "jsonpath={.spec.upstream.requestId}"
+    )
+    assert stored == "req-7f3a"
+    # The same request id again is the same claim; another one on that name is not.
+    assert sdk.hold("wf", "search", {"tokens": "20"}, name="x", request_id="req-7f3a").uid == (
+        claim.uid
+    )
+    with pytest.raises(ClaimExistsError) as raised:
+        sdk.hold("wf", "search", {"tokens": "20"}, name="x", request_id="req-other")
+    assert raised.value.differences == ("spec.upstream.requestId",)
+
+
+def test_a_settled_claims_result_and_history_outlive_its_worker(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    """hold → dispatch → final report with a result reference; then another client, by the
+    claim's name only, reads the outcome and how the claim got there."""
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=60)
+    claim = wait_phase(sdk, sdk.hold("wf", "search", {"tokens": "20"}, name="x"), "Tentative")
+    claim = wait_phase(sdk, sdk.dispatch(claim), "Committed")
+    sdk.finish(claim, {"tokens": "12"}, outcome="Succeeded", result="s3://bucket/out")
+    wait_phase(sdk, "x", "Consumed")
+
+    # A reconnecting client: another SDK (another holder), knowing only the name.
+    with Reservoir(
+        namespace=ns, kubeconfig=str(cluster.kubeconfig_path), holder="reconnected"
+    ) as other:
+        result = eventually(
+            "the result recorded", lambda: other.result("x").result and other.result("x")
+        )
+        moves = eventually(
+            "four moves recorded", lambda: len(other.history("x")) >= 4 and other.history("x")
+        )
+    assert result.phase is ClaimPhase.CONSUMED and result.outcome is Outcome.SUCCEEDED
+    assert result.result == "s3://bucket/out"
+    assert result.consumed == {"tokens": 12} and result.released == {"tokens": 8}
+    # Usage in the final report proves the branch ran: Running, then settled, in one pass.
+    assert [(m.from_phase, m.to, m.reason) for m in moves] == [
+        (ClaimPhase.PENDING, ClaimPhase.TENTATIVE, "Reserved"),
+        (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, "CommitPointReached"),
+        (ClaimPhase.COMMITTED, ClaimPhase.RUNNING, "ExecutionStarted"),
+        (ClaimPhase.RUNNING, ClaimPhase.CONSUMED, "Completed"),
+    ]
+    assert [m.trigger for m in moves] == [
+        Trigger.ADMISSION,
+        Trigger.WORKER,
+        Trigger.WORKER,
+        Trigger.WORKER,
+    ]
+    assert [m.at for m in moves] == sorted(m.at for m in moves)
+    # The status (what outlives the ledger entry) carries the same.
+    status = eventually("the status mirror", lambda: (s := sdk.get("x").status).result and s)
+    assert status.result == "s3://bucket/out" and status.history == moves
+
+    shown = plugin(cluster, ns, "result", "x")
+    assert shown.returncode == 0, shown.stderr
+    lines = shown.stdout.splitlines()
+    assert lines[0].startswith(f"branchclaim {ns}/x: Consumed (Completed, settled ")
+    assert "outcome: Succeeded" in lines
+    assert "result:  s3://bucket/out" in lines
+    assert "amounts: C tokens=12, R−C tokens=8" in lines
+
+    table = plugin(cluster, ns, "history", "x", "-n", ns)
+    assert table.returncode == 0, table.stderr
+    rows = table.stdout.splitlines()
+    assert rows[0] == f"branchclaim {ns}/x: Consumed"
+    assert rows[1].split() == [
+        "TIME",
+        "FROM",
+        "→",
+        "TO",
+        "REASON",
+        "TRIGGER",
+        "LEASE-GEN",
+        "AMOUNTS",
+    ]
+    moved = [row.split() for row in rows[2:]]
+    assert [row[1:5] for row in moved] == [
+        ["Pending", "→", "Tentative", "Reserved"],
+        ["Tentative", "→", "Committed", "CommitPointReached"],
+        ["Committed", "→", "Running", "ExecutionStarted"],
+        ["Running", "→", "Consumed", "Completed"],
+    ]
+    assert moved[0][5:] == ["Admission", str(moves[0].lease_generation), "R", "tokens=20"]
+    assert moved[1][-1] == moved[2][-1] == "-"
+    assert moved[3][-4:] == ["C", "tokens=12,", "R−C", "tokens=8"]
+
+    missing = plugin(cluster, ns, "result", "nope")
+    assert missing.returncode == 1 and "branchclaim/nope not found" in missing.stderr

@@ -17,6 +17,7 @@ from reservoir.core.model import (
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
+from reservoir.core.provider import ProviderAnswer
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -120,6 +121,11 @@ class Sim:
 
     def remove(self, name: str) -> Sim:
         del self.claims[name]
+        return self
+
+    def provider(self, name: str, answer: ProviderAnswer | None) -> Sim:
+        """What a provider lookup made for the next reconcile says (None: no lookup)."""
+        self.claims[name] = replace(self.claims[name], provider=answer)
         return self
 
     def force(self, name: str, why: str) -> Sim:

@@ -206,7 +206,8 @@ class World:
         # A branch pruned before dispatch never ran (CEL rule, admission policy); for pod
         # commit points the API server cannot tell yet (see the module docstring).
         frozen_execution = spec.final or (pruned and (by_pod or not spec.dispatch))
-        if write.kind == "dispatch" and not pruned and not by_pod:
+        # A final report fixes dispatch (CEL rule): a branch that finished is not sent.
+        if write.kind == "dispatch" and not pruned and not by_pod and not spec.final:
             self._spec(uid, dispatch=True)
         elif write.kind == "cancel":
             self._spec(uid, cancel=True)

@@ -129,11 +129,16 @@ def test_the_widest_claims_the_schema_allows_never_push_the_ledger_past_its_budg
 
 
 def test_the_budget_still_admits_a_wide_fan_out_of_ordinary_claims() -> None:
+    """Each entry reserves room for all it can gain (history, provider record, result, a
+    late adjustment): an ordinary envelope still admits well over a hundred live claims,
+    and the rest wait as LedgerFull, never lost."""
     sim = Sim(capacity={"tokens": "10M", "cost": "1000", "nvidia.com/gpu": "512"})
     for i in range(256):
         sim.create(f"research-agent-branch-{i:04d}", {"tokens": "20k", "cost": "1.50"})
     sim.reconcile()
-    admitted = sum(
-        1 for i in range(256) if sim.phase(f"research-agent-branch-{i:04d}") is P.TENTATIVE
-    )
-    assert admitted == 256
+    phases = [sim.phase(f"research-agent-branch-{i:04d}") for i in range(256)]
+    admitted = phases.count(P.TENTATIVE)
+    assert admitted >= 120
+    assert phases.count(P.PENDING) == 256 - admitted
+    assert sim.last is not None
+    assert sim.last.pending["research-agent-branch-0255"].reason == "LedgerFull"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 
@@ -234,9 +235,32 @@ def test_a_report_after_settlement_is_recorded_as_late_and_never_reopens() -> No
     sim.usage("a", "7", final=True).reconcile()
     assert sim.phase("a") is P.RELEASED
     assert sim.entry("a").late is not None and sim.entry("a").late.count == 1  # type: ignore[union-attr]
-    assert sim.total("committed") == "0"
+    # policy lateCompletion Adjust (the default): the late usage is charged once, on top
+    # of the settlement, which itself never changes.
+    assert sim.total("committed") == "7"
+    adjustment = sim.entry("a").adjustment
+    assert adjustment is not None and adjustment.applied
+    assert adjustment.charged == {"tokens": Decimal(7)}
+    assert sim.entry("a").consumed == {}
     sim.reconcile()
     assert sim.entry("a").late.count == 1, "the same late report is counted once"  # type: ignore[union-attr]
+    assert sim.total("committed") == "7", "the adjustment is applied once"
+
+
+def test_a_late_report_is_only_recorded_under_policy_record() -> None:
+    sim = Sim(
+        ambiguity_deadline_seconds=10,
+        at_ambiguity_deadline="Release",
+        default_lease_seconds=5,
+        late_completion="Record",
+    )
+    sim.create("a").reconcile().dispatch("a").reconcile()
+    sim.tick(6).reconcile().tick(11).reconcile()
+    sim.usage("a", "7", final=True).reconcile().reconcile()
+    assert sim.total("committed") == "0"
+    adjustment = sim.entry("a").adjustment
+    assert adjustment is not None and not adjustment.applied
+    assert adjustment.charged == {"tokens": Decimal(7)}
 
 
 def test_a_dispatch_after_expiry_is_fenced_and_recorded() -> None:

@@ -3,7 +3,9 @@
     kubectl reservoir hold ENVELOPE BRANCH tokens=20k [cost=2] [--dispatch] [--name N]
     kubectl reservoir dispatch|cancel|renew|get CLAIM
     kubectl reservoir usage CLAIM tokens=5k            # cumulative usage so far
-    kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded
+    kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded [--result s3://b/out]
+    kubectl reservoir result CLAIM [-n NS]              # phase, outcome, result reference, C
+    kubectl reservoir history CLAIM [-n NS]             # the claim's recorded transitions
     kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
     kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
     kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing
@@ -21,7 +23,8 @@ import getpass
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from decimal import Decimal
 from fractions import Fraction
 
@@ -30,13 +33,17 @@ from lightkube import ApiError
 from reservoir.core.ledger import ZERO, render
 from reservoir.core.model import (
     MAX_DEPTH,
+    Adjustment,
     BranchClaimStatus,
     ChildEntry,
     ChildPhase,
+    ClaimPhase,
     EnvelopePhase,
     LedgerEntry,
     ParentKind,
     ResourceTotals,
+    RetryHold,
+    Transition,
 )
 from reservoir.core.quantity import QuantityError, format_quantity
 from reservoir.core.rightsizing import Recommendation, recommend, round_ratio
@@ -48,6 +55,7 @@ from reservoir.sdk import (
     PoolView,
     Reservoir,
     ReservoirError,
+    ResultView,
 )
 from reservoir.sdk.client import HOLDER_ENV
 
@@ -115,6 +123,108 @@ def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -
         render(record.released) or "-",
         record.settlement.reason if record.settlement else "-",
     ]
+
+
+def timestamp(at: datetime | None) -> str:
+    """`2025-01-01T12:00:00Z`: a recorded time, in UTC, to the second."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if at else "-"
+
+
+def settled_amounts(consumed: Mapping[str, Decimal], released: Mapping[str, Decimal]) -> str:
+    """`C tokens=12k, R−C tokens=8k`: what settlement committed and what it returned."""
+    return f"C {render(consumed) or '-'}, R−C {render(released) or '-'}"
+
+
+def show_result(view: ResultView) -> str:
+    """What became of a claim: its phase, outcome and result reference, C and R − C."""
+    if view.settled:
+        settled = f"{view.reason or '-'}, settled {timestamp(view.settled_at)}"
+        outcome = view.outcome.value if view.outcome else "none reported"
+        amounts = settled_amounts(view.consumed, view.released)
+    else:
+        settled = "not settled yet"
+        outcome = "- (not settled yet)"
+        amounts = f"R {render(view.reserved) or '-'} held, nothing settled yet"
+    return "\n".join(
+        [
+            f"branchclaim {view.namespace}/{view.name}: {view.phase.value} ({settled})",
+            f"outcome: {outcome}",
+            f"result:  {view.result or '- (none recorded)'}",
+            f"amounts: {amounts}",
+        ]
+    )
+
+
+def transition_amounts(move: Transition, record: LedgerEntry | BranchClaimStatus) -> str:
+    """R on the move that reserved it (out of Pending into a phase that holds capacity);
+    C and R − C on the move into a terminal phase; nothing on the others."""
+    if move.to.terminal:
+        return settled_amounts(record.consumed, record.released)
+    if move.from_phase is ClaimPhase.PENDING and move.to.holds_capacity:
+        return f"R {render(record.reserved) or '-'}"
+    return "-"
+
+
+def history_table(record: LedgerEntry | BranchClaimStatus) -> str:
+    """One row per recorded transition, oldest first."""
+    if not record.history:
+        return "(no transitions recorded)"
+    rows = [["TIME", "FROM → TO", "REASON", "TRIGGER", "LEASE-GEN", "AMOUNTS"]]
+    rows += [
+        [
+            timestamp(move.at),
+            f"{move.from_phase.value} → {move.to.value}",
+            move.reason,
+            move.trigger.value,
+            str(move.lease_generation),
+            transition_amounts(move, record),
+        ]
+        for move in record.history
+    ]
+    return table(rows)
+
+
+def adjustment_line(adjustment: Adjustment) -> str:
+    """A late completion after a deadline decision: returned or charged, applied or only
+    recorded. The settlement itself is never changed."""
+    parts = []
+    if adjustment.returned:
+        parts.append(f"returned {render(adjustment.returned)}")
+    if adjustment.charged:
+        parts.append(f"charged {render(adjustment.charged)}")
+    what = ", ".join(parts) or "nothing to move"
+    how = "applied" if adjustment.applied else "recorded only (not applied to the envelope)"
+    outcome = f", outcome {adjustment.outcome.value}" if adjustment.outcome else ""
+    return f"adjustment at {timestamp(adjustment.at)} (late report{outcome}): {what}; {how}"
+
+
+def retry_line(retry: RetryHold) -> str:
+    """What a failed attempt keeps for the branch's next attempt, and what became of it."""
+    line = (
+        f"retry: {render(retry.resources) or '-'} held for the next attempt "
+        f"until {timestamp(retry.until)}"
+    )
+    if retry.taken_by:
+        return f"{line}; taken by {retry.taken_by}"
+    if retry.returned:
+        return f"{line}; returned to the envelope (window closed)"
+    return line
+
+
+def history_lines(name: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:
+    """The transitions table, then the adjustment and the retry hold when there are."""
+    lines = [f"branchclaim {name}: {record.phase.value}", history_table(record)]
+    if record.adjustment is not None:
+        lines.append(adjustment_line(record.adjustment))
+    if record.retry is not None:
+        lines.append(retry_line(record.retry))
+    return lines
+
+
+def show_history(view: ClaimView) -> str:
+    """A claim's durable history, from its authoritative record (ledger entry, else
+    status): it outlives the claim's Events and its worker."""
+    return "\n".join(history_lines(f"{view.namespace}/{view.name}", view.record))
 
 
 TOTALS = ("capacity", "committed", "reserved", "reconciling", "available")
@@ -378,6 +488,7 @@ def parser() -> argparse.ArgumentParser:
     hold.add_argument("--attempt", type=int, default=1)
     hold.add_argument("--lease-seconds", type=int)
     hold.add_argument("--dispatch", action="store_true", help="reserve and commit at once")
+    hold.add_argument("--request-id", help="the submission's idempotency key (upstream.requestId)")
 
     for verb, text in [
         ("dispatch", "cross the commit point"),
@@ -397,6 +508,16 @@ def parser() -> argparse.ArgumentParser:
     finish.add_argument(
         "--outcome", choices=["Succeeded", "Failed", "Cancelled"], default="Succeeded"
     )
+    finish.add_argument("--result", help="a durable reference to the result (URI, object name)")
+
+    for verb, text in [
+        ("result", "what became of a claim: phase, outcome, result reference, C and R − C"),
+        ("history", "a claim's recorded transitions, with its adjustment and retry hold"),
+    ]:
+        read = verbs.add_parser(verb, help=text)
+        read.add_argument("claim")
+        # Also after the verb (`result CLAIM -n NS`); SUPPRESS keeps a -n given before it.
+        read.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help="namespace")
 
     ledger = verbs.add_parser(
         "ledger", help="an envelope's totals and claims, then its child envelopes' (a tree)"
@@ -439,8 +560,13 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
             attempt=args.attempt,
             lease_seconds=args.lease_seconds,
             dispatch=args.dispatch,
+            request_id=args.request_id,
         )
         return show_claim(view)
+    if args.verb == "result":
+        return show_result(sdk.result(args.claim))
+    if args.verb == "history":
+        return show_history(sdk.get(args.claim))
     view = sdk.get(args.claim)
     if args.verb == "dispatch":
         view = sdk.dispatch(view)
@@ -451,7 +577,7 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
     elif args.verb == "usage":
         view = sdk.report_usage(view, resources(args.usage))
     elif args.verb == "finish":
-        view = sdk.finish(view, resources(args.usage), args.outcome)
+        view = sdk.finish(view, resources(args.usage), args.outcome, args.result)
     return show_claim(view)
 
 

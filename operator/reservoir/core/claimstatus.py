@@ -71,6 +71,11 @@ def claim_status(
         settlement=entry.settlement,
         late=entry.late if entry.settlement else None,
         overrun=entry.overrun,
+        provider=entry.provider,
+        result=entry.result,
+        history=entry.history,
+        adjustment=entry.adjustment,
+        retry=entry.retry,
         conditions=merge_conditions(
             previous.conditions, [*_conditions(entry, deleting), *unreadable], now, generation
         ),
@@ -129,6 +134,15 @@ def _conditions(entry: LedgerEntry, deleting: bool) -> list[Desired]:
     ]
     if entry.overrun is not None:
         wanted.append(Desired("Overrun", True, "UsageAboveReservation"))
+    if entry.provider is not None and entry.provider.checked_at is not None:
+        failing = entry.provider.failures > 0
+        said = entry.provider.state.value if entry.provider.state else "nothing yet"
+        message = entry.provider.last_error or "" if failing else f"the provider says {said}"
+        wanted.append(
+            Desired(
+                "ProviderReachable", not failing, "LookupFailed" if failing else "Answered", message
+            )
+        )
     if entry.late is not None and entry.late.count > 0:
         wanted.append(Desired("LateReport", True, "ReportAfterSettlement"))
     if entry.dispatch_fenced:
@@ -177,6 +191,11 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.committed_at is not None,
         entry.cancel_requested,
         entry.devices,
+        entry.provider,
+        entry.result,
+        entry.history,
+        entry.adjustment,
+        entry.retry,
     )
 
 
@@ -211,6 +230,11 @@ def settled_record(
         late=status.late,
         devices=_device_hold(status.placement),
         settlement=status.settlement,
+        provider=status.provider,
+        result=status.result,
+        history=status.history,
+        adjustment=status.adjustment,
+        retry=status.retry,
     )
 
 

@@ -92,6 +92,8 @@ def compute_totals(
     entries = list(entries)
     lent, borrowed = lent or {}, borrowed or {}
     held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
+    # What failed attempts keep for their branch's next attempt is reserved for it.
+    held = add(held, total(e.retry.resources for e in entries if e.retry and e.retry.active))
     held = add(held, total(c.reserved for c in children if c.phase is ChildPhase.RESERVED))
     reconciling = total(e.reserved for e in entries if _detached(e))
     dimensions = set(capacity)

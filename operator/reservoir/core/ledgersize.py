@@ -23,8 +23,11 @@ from reservoir.core.model import (
     MAX_CONDITIONS,
     MAX_DEVICE_NAME_LENGTH,
     MAX_ENVELOPE_CHILDREN,
+    MAX_ERROR_LENGTH,
     MAX_LOANS,
     MAX_NAME_LENGTH,
+    MAX_RESULT_LENGTH,
+    MAX_TRANSITIONS,
     SUMMARY_LENGTH,
     LedgerEntry,
     ReservationEnvelopeStatus,
@@ -42,6 +45,25 @@ DEVICES_RELEASED_BYTES = (
     len(',"released":true,"handedOffAt":"2026-01-01T00:00:00.000000Z","handedOffTo":""') + 64
 )
 CONDITION_BYTES = 1400  # a condition at its bounds (type, reason, message, time)
+# One history item at its bounds: phases, a 48-character reason, trigger, time, generation.
+TRANSITION_BYTES = (
+    len(
+        '{"from":"Committed","to":"Committed","reason":"","trigger":"Admission",'
+        '"at":"2026-01-01T00:00:00.000000Z","leaseGeneration":1000000000},'
+    )
+    + 48
+)
+# The provider record at its bounds: state, times, counters, the error and cancel texts.
+PROVIDER_BYTES = 2 * MAX_ERROR_LENGTH + len(
+    ',"provider":{"state":"NeverStarted","checkedAt":"2026-01-01T00:00:00.000000Z",'
+    '"lookups":1000000000,"failures":1000000000,"lastError":"",'
+    '"nextLookupAt":"2026-01-01T00:00:00.000000Z",'
+    '"cancelForwardedAt":"2026-01-01T00:00:00.000000Z","cancel":""}'
+)
+RESULT_BYTES = len(',"result":""') + MAX_RESULT_LENGTH
+# An adjustment (returned and charged together cover each resource at most once) and a
+# retry hold, each with its time and flags.
+LATE_RECORDS_BYTES = 260
 COUNTS_BYTES = 512  # claims per phase
 
 
@@ -79,10 +101,18 @@ def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
         # The devices it may still record (or record again, placed elsewhere), at their
         # longest, plus the hand-off and release marks (found by review).
         size += device_record_bytes(devices) + DEVICES_RELEASED_BYTES
-    if entry.settlement is not None:
-        return size + map_bytes(dimensions)  # a late report replaces the baseline's usage
     reserved = map_bytes(entry.reserved)
-    return size + 3 * reserved + 3 * map_bytes(dimensions) + GROWING_SCALARS_BYTES
+    # History, provider lookups, a result, an adjustment and a retry hold: all it can gain.
+    records = (
+        (MAX_TRANSITIONS - len(entry.history)) * TRANSITION_BYTES
+        + (PROVIDER_BYTES if entry.provider is None else 2 * MAX_ERROR_LENGTH)
+        + (RESULT_BYTES if entry.result is None else 0)
+        + (2 * reserved + LATE_RECORDS_BYTES if entry.adjustment is None else 0)
+    )
+    if entry.settlement is not None:
+        # a late report replaces the baseline's usage
+        return size + map_bytes(dimensions) + records
+    return size + 3 * reserved + 3 * map_bytes(dimensions) + GROWING_SCALARS_BYTES + records
 
 
 def child_line_bytes(dimensions: Iterable[str]) -> int:

@@ -32,25 +32,42 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.devices import DeviceFacts
-from reservoir.core.ledger import ZERO, subtract
+from reservoir.core.ledger import ZERO, add, render, subtract
 from reservoir.core.model import (
+    MAX_ERROR_LENGTH,
+    MAX_RESULT_LENGTH,
+    MAX_TRANSITIONS,
+    Adjustment,
     BranchClaimSpec,
     ClaimPhase,
     CommitPoint,
     DeadlineAction,
     EnvelopePolicy,
+    LateCompletion,
     LateReport,
     LedgerEntry,
     Outcome,
     Overrun,
+    ProviderRecord,
+    ProviderState,
+    RetryHold,
     Settlement,
+    Transition,
+    Trigger,
     UpstreamState,
 )
 from reservoir.core.policy import ambiguity_deadline, renewal
+from reservoir.core.provider import (
+    DEADLINE_REASONS,
+    ProviderAnswer,
+    lookup_due,
+    needs_lookup,
+    next_lookup,
+)
 
 SETTLEMENT_VERSION = 1
 
@@ -86,6 +103,9 @@ class ClaimFacts:
     force_settle: str | None = None  # an operator's audited decision (the annotation's text)
     devices: DeviceFacts | None = None  # what its ResourceClaim shows now, if it has one
     problem: str | None = None  # parts of the spec the operator could not read, and why
+    provider: ProviderAnswer | None = None  # a provider lookup made for this pass, if any
+    # An older claim of the namespace with the same upstream.requestId (its name), if any.
+    duplicate_of: str | None = None
 
     @property
     def cancelling(self) -> bool:
@@ -122,11 +142,33 @@ class Step:
     def note(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(LedgerEvent(self.facts.uid, self.facts.name, reason, message, warning))
 
-    def move(self, phase: ClaimPhase, reason: str, message: str) -> None:
+    def move(self, phase: ClaimPhase, reason: str, message: str, trigger: Trigger) -> None:
+        record_transition(self.entry, phase, reason, trigger, self.now)
         self.entry.phase = phase
         self.events.append(
             LedgerEvent(self.facts.uid, self.facts.name, reason, message, False, phase)
         )
+
+
+def record_transition(
+    entry: LedgerEntry, phase: ClaimPhase, reason: str, trigger: Trigger, now: datetime
+) -> None:
+    """The claim's durable history, written by the pass that decides the move. The phase
+    graph is acyclic, so it is short; the newest moves are kept if it ever were not."""
+    generation = entry.renewals + 1 if entry.first_reserved_at is not None else 0
+    entry.history.append(
+        Transition.model_validate(
+            {
+                "from": entry.phase,
+                "to": phase,
+                "reason": reason[:48],
+                "trigger": trigger,
+                "at": now,
+                "leaseGeneration": generation,
+            }
+        )
+    )
+    del entry.history[:-MAX_TRANSITIONS]
 
 
 def settlement_key(facts: ClaimFacts) -> str:
@@ -140,6 +182,7 @@ def settle(
     consumed: Mapping[str, Decimal] | None = None,
     outcome: Outcome | None = None,
     message: str = "",
+    trigger: Trigger = Trigger.WORKER,
 ) -> None:
     """The one settlement: commit C, return R − C. Never applied twice."""
     entry = step.entry
@@ -152,14 +195,28 @@ def settle(
     # The report as it stands at settlement is the baseline: only a different one is late.
     spec = step.facts.spec
     entry.late = LateReport(usage=step.kept(spec.usage), final=spec.final, outcome=spec.outcome)
-    step.move(phase, reason, message or f"settled: {reason}")
+    if entry.result is None and spec.result is not None:
+        entry.result = spec.result
+    window = spec.retry_window_seconds
+    returned = {k: v for k, v in entry.released.items() if v > ZERO}
+    if outcome is Outcome.FAILED and window is not None and returned:
+        # A failed attempt keeps what it did not use for the branch's next attempt.
+        entry.retry = RetryHold(resources=returned, until=step.now + timedelta(seconds=window))
+    step.move(phase, reason, message or f"settled: {reason}", trigger)
 
 
-def charge(step: Step, reason: str, message: str) -> None:
+def charge(
+    step: Step,
+    reason: str,
+    message: str,
+    trigger: Trigger,
+    outcome: Outcome | None = None,
+) -> None:
     """Settle a committed claim on what is known to be used: C = the recorded usage,
     R − C returned. Consumed if anything is charged, Released if nothing is."""
     used = {k: v for k, v in step.entry.usage.items() if v > ZERO}
-    settle(step, ClaimPhase.CONSUMED if used else ClaimPhase.RELEASED, reason, used, None, message)
+    phase = ClaimPhase.CONSUMED if used else ClaimPhase.RELEASED
+    settle(step, phase, reason, used, outcome, message, trigger)
 
 
 # --- reading the facts -----------------------------------------------------------------
@@ -185,13 +242,19 @@ def shows_execution(facts: ClaimFacts) -> bool:
     return used or pod_ran or spec.upstream.state is UpstreamState.RUNNING
 
 
-def shows_acceptance(facts: ClaimFacts) -> bool:
-    """A provider that accepted the work owns it now: the claim is past its commit point."""
-    return facts.spec.upstream.state in (UpstreamState.ACCEPTED, UpstreamState.RUNNING)
+def shows_submission(facts: ClaimFacts) -> bool:
+    """Submitted to the provider (accepted or not): maybe running. Past the commit point for
+    release purposes: only the provider saying it never started returns R."""
+    return facts.spec.upstream.state is not None
 
 
 def may_have_run(facts: ClaimFacts) -> bool:
-    return crossed_commit_point(facts) or shows_execution(facts) or shows_acceptance(facts)
+    return crossed_commit_point(facts) or shows_execution(facts) or shows_submission(facts)
+
+
+def provider_says(entry: LedgerEntry) -> ProviderState | None:
+    """The provider's last recorded answer (a fact: recorded by an earlier or this pass)."""
+    return entry.provider.state if entry.provider is not None else None
 
 
 # --- the step --------------------------------------------------------------------------
@@ -204,14 +267,19 @@ def advance(
     now: datetime,
     renewals_open: bool = True,
     dimensions: frozenset[str] | None = None,
+    room: dict[str, Decimal] | None = None,
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
     deleting): its claims' leases are not extended. `dimensions` are the envelope's
-    resources, the only ones reports are recorded over."""
+    resources, the only ones reports are recorded over. `room` is what the envelope has
+    available for a late completion's charge (drawn down here); None: it cannot adjust."""
     step = Step(entry, facts, now, dimensions)
     if entry.phase.terminal:
+        record_answer(step, policy)
         record_after_settlement(step)
+        adjust_late(step, policy, room)
+        close_retry_window(step, renewals_open)
         return step.events
 
     record_usage(step)
@@ -236,14 +304,7 @@ def record_usage(step: Step) -> None:
     record never goes back whatever the operator saw or missed. A report above R is proof
     that the branch ran: it is charged at most R and the excess is kept as an overrun."""
     entry, spec = step.entry, step.facts.spec
-    charged = {k: min(v, entry.reserved.get(k, ZERO)) for k, v in spec.usage.items()}
-    recorded = {
-        k: max(entry.usage.get(k, ZERO), charged.get(k, ZERO))
-        for k in {*entry.usage, *charged}
-        if k in entry.reserved
-    }
-    if recorded != entry.usage:
-        entry.usage = recorded
+    record_running_max(entry, spec.usage)
     reported = step.kept(spec.usage)
     excess = {k: v - entry.reserved.get(k, ZERO) for k, v in reported.items()}
     excess = {k: v for k, v in excess.items() if v > ZERO}
@@ -261,6 +322,56 @@ def record_usage(step: Step) -> None:
     )
 
 
+def record_running_max(entry: LedgerEntry, usage: Mapping[str, Decimal]) -> None:
+    charged = {k: min(v, entry.reserved.get(k, ZERO)) for k, v in usage.items()}
+    recorded = {
+        k: max(entry.usage.get(k, ZERO), charged.get(k, ZERO))
+        for k in {*entry.usage, *charged}
+        if k in entry.reserved
+    }
+    if recorded != entry.usage:
+        entry.usage = recorded
+
+
+def record_answer(step: Step, policy: EnvelopePolicy) -> None:
+    """Record what a provider lookup of this pass said: its state (or the failure), when it
+    was asked, when to ask next, and a cancel forwarded. A repeat of the recorded answer
+    before the next lookup is due changes nothing (no write, no wake-up loop)."""
+    answer, entry = step.facts.provider, step.entry
+    if answer is None or not needs_lookup(entry, step.facts.spec, policy):
+        return
+    record = (entry.provider or ProviderRecord()).model_copy(deep=True)
+    if answer.cancel is not None and record.cancel_forwarded_at is None:
+        record.cancel_forwarded_at = step.now
+        record.cancel = answer.cancel[:MAX_ERROR_LENGTH]
+        step.note(
+            "CancelForwarded",
+            f"cancel forwarded upstream: {record.cancel} (requested, not confirmed: the "
+            "capacity waits for a terminal answer, a final report or the deadline)",
+        )
+    error = answer.error[:MAX_ERROR_LENGTH] if answer.error else None
+    changed = error != record.last_error or (error is None and answer.state != record.state)
+    if changed or lookup_due(entry, step.now):
+        if error is not None:
+            record.failures += 1
+            if error != record.last_error:
+                step.note("ProviderLookupFailed", f"provider lookup failed: {error}", True)
+            record.last_error = error
+        else:
+            if answer.state != record.state:
+                step.note("ProviderAnswered", f"the provider says {answer.state.value}")
+            record.failures, record.last_error, record.state = 0, None, answer.state
+            if answer.state.terminal and entry.result is None and answer.result:
+                entry.result = answer.result[:MAX_RESULT_LENGTH]
+            if answer.state.terminal and not entry.phase.terminal:
+                record_running_max(entry, step.kept(answer.usage))
+        record.lookups += 1
+        record.checked_at = step.now
+        record.next_lookup_at = next_lookup(step.facts.uid, record.lookups, step.now, policy)
+    if record != entry.provider:
+        entry.provider = record
+
+
 def expire_lease(step: Step) -> None:
     """The operator's clock decides: a lapsed lease before the commit point expires the
     claim (R returned, nothing ran); after it, the claim is Detached (R held)."""
@@ -268,14 +379,21 @@ def expire_lease(step: Step) -> None:
     if entry.expires_at is None or step.now < entry.expires_at:
         return
     if entry.phase is ClaimPhase.TENTATIVE:
-        settle(step, ClaimPhase.EXPIRED, "LeaseExpired", message="lease lapsed before dispatch")
+        settle(
+            step,
+            ClaimPhase.EXPIRED,
+            "LeaseExpired",
+            message="lease lapsed before dispatch",
+            trigger=Trigger.CLOCK,
+        )
     elif entry.phase in (ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
         entry.detached_at = step.now
         step.move(
             ClaimPhase.DETACHED,
             "LeaseLapsed",
             "lease lapsed after the commit point: capacity held as reconciling until a "
-            "final report or the ambiguity deadline",
+            "final report, the provider's answer or the ambiguity deadline",
+            Trigger.CLOCK,
         )
 
 
@@ -309,29 +427,50 @@ def hand_off(step: Step) -> None:
     message = f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to"
     if entry.phase is ClaimPhase.TENTATIVE:
         entry.committed_at = step.now
-        step.move(ClaimPhase.COMMITTED, "HandedOff", f"{message} the workload pod: committed")
+        step.move(
+            ClaimPhase.COMMITTED,
+            "HandedOff",
+            f"{message} the workload pod: committed",
+            Trigger.POD,
+        )
     else:
         step.note("HandedOff", f"{message} the workload pod")
+
+
+def commit_trigger(facts: ClaimFacts) -> Trigger:
+    """Where the commit came from: the claim's own facts, or its workload pod."""
+    spec = facts.spec
+    if spec.dispatch or spec.upstream.state is not None or any(spec.usage.values()):
+        return Trigger.WORKER
+    return Trigger.POD if facts.pod is not None else Trigger.WORKER
 
 
 def advance_tentative(step: Step) -> None:
     entry, facts, spec = step.entry, step.facts, step.facts.spec
     if may_have_run(facts):
         entry.committed_at = step.now
-        step.move(ClaimPhase.COMMITTED, "CommitPointReached", "claim committed")
+        reason = (
+            "Submitted"
+            if shows_submission(facts) and not crossed_commit_point(facts)
+            else "CommitPointReached"
+        )
+        step.move(ClaimPhase.COMMITTED, reason, "claim committed", commit_trigger(facts))
     elif spec.final:
         # A final report without any usage on a claim never dispatched: it did not run.
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
     elif facts.cancelling:
         reason = "Deleted" if facts.deleting else "Cancelled"
-        settle(step, ClaimPhase.RELEASED, reason, message="pruned before dispatch: R returned")
+        settle(
+            step,
+            ClaimPhase.RELEASED,
+            reason,
+            message="pruned before dispatch: R returned",
+            trigger=Trigger.DELETION if facts.deleting else Trigger.WORKER,
+        )
 
 
 def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
     entry, facts, spec = step.entry, step.facts, step.facts.spec
-    if entry.phase is ClaimPhase.COMMITTED and shows_execution(facts):
-        entry.started_at = step.now
-        step.move(ClaimPhase.RUNNING, "ExecutionStarted", "execution confirmed started")
     # Recorded first: a cancel seen together with the final report is still a cancel asked
     # (found by the coalescing audit: one look or two must record the same).
     if facts.cancelling and not entry.cancel_requested:
@@ -339,11 +478,21 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         step.note(
             "CancelRequested",
             "cancel requested after the commit point: capacity waits for the final usage "
-            "report or the ambiguity deadline",
+            "report, the provider's answer or the ambiguity deadline",
         )
+    record_answer(step, policy)
+    said = provider_says(entry)
+    if entry.phase is ClaimPhase.COMMITTED and (
+        shows_execution(facts) or said is ProviderState.RUNNING
+    ):
+        entry.started_at = step.now
+        trigger = Trigger.PROVIDER if not shows_execution(facts) else commit_trigger(facts)
+        step.move(ClaimPhase.RUNNING, "ExecutionStarted", "execution confirmed started", trigger)
     if spec.final:
         reason = "SettledAfterDetach" if entry.phase is ClaimPhase.DETACHED else "Completed"
         settle(step, ClaimPhase.CONSUMED, reason, dict(entry.usage), spec.outcome)
+        return
+    if said is not None and said.terminal and settle_on_answer(step, said):
         return
     if workload_gone(entry, facts):
         entry.detached_at = step.now
@@ -353,9 +502,54 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
             "the workload pod holding the claim's devices is gone (node lost, evicted or "
             "deleted) before a final report: capacity held as reconciling until a final "
             "report or the ambiguity deadline",
+            Trigger.POD,
         )
     if entry.phase is ClaimPhase.DETACHED:
         apply_deadline(step, policy)
+
+
+def settle_on_answer(step: Step, said: ProviderState) -> bool:
+    """A terminal answer from the provider settles the claim like a final report: C is the
+    usage recorded (the worker's reports and the provider's), R − C returns. "Never
+    started" returns R, unless something shows the branch ran. Returns whether it settled."""
+    entry, facts = step.entry, step.facts
+    if said is ProviderState.NEVER_STARTED:
+        ran = (
+            shows_execution(facts)
+            or entry.started_at is not None
+            or entry.handed_off_at is not None
+            or any(v > ZERO for v in entry.usage.values())
+        )
+        if ran:
+            if not any(e.reason == "ProviderContradicted" for e in step.events):
+                step.note(
+                    "ProviderContradicted",
+                    "the provider says the operation never started, but the branch shows "
+                    "it ran: the capacity stays held",
+                    warning=True,
+                )
+            return False
+        settle(
+            step,
+            ClaimPhase.RELEASED,
+            "ProviderNeverStarted",
+            message="the provider says the operation never started: R returned",
+            trigger=Trigger.PROVIDER,
+        )
+        return True
+    outcome = {
+        ProviderState.SUCCEEDED: Outcome.SUCCEEDED,
+        ProviderState.FAILED: Outcome.FAILED,
+        ProviderState.CANCELLED: Outcome.CANCELLED,
+    }[said]
+    charge(
+        step,
+        f"Provider{said.value}",
+        f"the provider says {said.value}: the recorded usage is charged, the rest returned",
+        Trigger.PROVIDER,
+        outcome,
+    )
+    return True
 
 
 def workload_gone(entry: LedgerEntry, facts: ClaimFacts) -> bool:
@@ -394,6 +588,7 @@ def apply_deadline(step: Step, policy: EnvelopePolicy) -> None:
             dict(entry.reserved),
             message="outcome unknown at the deadline: the whole reservation is charged "
             "as consumed (policy Quarantine)",
+            trigger=Trigger.CLOCK,
         )
     else:
         charge(
@@ -401,6 +596,7 @@ def apply_deadline(step: Step, policy: EnvelopePolicy) -> None:
             "AmbiguityDeadlineRelease",
             "outcome unknown at the deadline: the usage already reported is charged and the "
             "rest released (policy Release)",
+            Trigger.CLOCK,
         )
 
 
@@ -408,9 +604,9 @@ def force_settle(step: Step, why: str) -> None:
     """A person's recorded decision for a claim whose facts will never arrive: a committed
     claim is charged its recorded usage, an uncommitted one released."""
     if step.entry.phase.committed:
-        charge(step, "ForceSettled", why)
+        charge(step, "ForceSettled", why, Trigger.PERSON)
     else:
-        settle(step, ClaimPhase.RELEASED, "ForceSettled", message=why)
+        settle(step, ClaimPhase.RELEASED, "ForceSettled", message=why, trigger=Trigger.PERSON)
     step.note("ForceSettled", f"settled by annotation: {why}", warning=True)
 
 
@@ -474,6 +670,8 @@ def record_after_settlement(step: Step) -> None:
             f"{settled.phase.value}: recorded; the settlement is not reopened",
             warning=True,
         )
+    if entry.result is None and spec.result is not None:
+        entry.result = spec.result  # a result reported late is still the result
     late = entry.late or LateReport()
     reported = step.kept(spec.usage)
     if (late.usage, late.final, late.outcome) == (reported, spec.final, spec.outcome):
@@ -491,3 +689,59 @@ def record_after_settlement(step: Step) -> None:
         "the settlement is not reopened",
         warning=True,
     )
+
+
+def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | None) -> None:
+    """client-disconnect.txt's adjusted settlement rule, once: a completion known only after
+    a deadline decision. A quarantined claim (charged R) that used U < R returns R − U; a
+    released one (charged its recorded usage C) that used U > C is charged U − C, at most
+    what the envelope has available. Applied only while the envelope is open and the
+    policy says Adjust; otherwise only recorded. The settlement itself is never changed."""
+    entry, facts = step.entry, step.facts
+    settled = entry.settlement
+    if settled is None or entry.adjustment is not None or settled.reason not in DEADLINE_REASONS:
+        return
+    said = provider_says(entry)
+    if facts.spec.final:
+        usage, outcome, trigger = step.kept(facts.spec.usage), facts.spec.outcome, Trigger.WORKER
+    elif said is not None and said.terminal and facts.provider is not None:
+        usage = step.kept(facts.provider.usage)
+        outcome, trigger = facts.provider.outcome, Trigger.PROVIDER
+    else:
+        return
+    used = {k: min(usage.get(k, ZERO), r) for k, r in entry.reserved.items()}
+    if said is ProviderState.NEVER_STARTED and trigger is Trigger.PROVIDER:
+        used = {k: ZERO for k in entry.reserved}
+    applied = policy.late_completion is LateCompletion.ADJUST and room is not None
+    returned = {k: v for k, v in subtract(entry.consumed, used).items() if v > ZERO}
+    owed = {k: v for k, v in subtract(used, entry.consumed).items() if v > ZERO}
+    charged = {k: min(v, (room or {}).get(k, ZERO)) if applied else v for k, v in owed.items()}
+    charged = {k: v for k, v in charged.items() if v > ZERO}
+    if applied and room is not None:
+        room.update(subtract(add(room, returned), charged))
+    entry.adjustment = Adjustment(
+        returned=returned, charged=charged, applied=applied, outcome=outcome, at=step.now
+    )
+    reason = "LateCompletionAdjusted" if applied else "LateCompletionRecorded"
+    record_transition(entry, entry.phase, reason, trigger, step.now)
+    step.note(
+        reason,
+        f"a completion after the {settled.reason} decision: returned {render(returned) or '-'}, "
+        f"charged {render(charged) or '-'}"
+        + ("" if applied else " (recorded only: policy Record, or the envelope is not open)"),
+        warning=True,
+    )
+
+
+def close_retry_window(step: Step, open_now: bool) -> None:
+    """A failed attempt's hold returns when its window closes, or when the envelope stops
+    admitting (no next attempt can come)."""
+    hold = step.entry.retry
+    if hold is None or not hold.active:
+        return
+    if step.now >= hold.until or not open_now:
+        hold.returned = True
+        step.note(
+            "RetryWindowClosed",
+            f"no next attempt took what this attempt kept: {render(hold.resources)} returned",
+        )

@@ -63,9 +63,9 @@ MAX_ENVELOPE_CHILDREN = 64
 MAX_CHILDREN = 256
 MAX_POOL_NAMESPACES = 64
 MAX_LOANS = 8  # loans an envelope has out (or in) at once
-MAX_RESULT_LENGTH = 512  # a result reference: a URI or an object's name, not the result
-MAX_TRANSITIONS = 8  # the phase graph is acyclic: at most 5 moves, plus an adjustment
-MAX_ERROR_LENGTH = 160
+MAX_RESULT_LENGTH = 256  # a result reference: a URI or an object's name, not the result
+MAX_TRANSITIONS = 6  # the phase graph is acyclic: at most 5 moves, plus an adjustment
+MAX_ERROR_LENGTH = 96
 
 Quantity = Annotated[
     Decimal,
@@ -611,7 +611,7 @@ class Transition(Model):
 
     from_phase: ClaimPhase = Field(alias="from", description="The phase it left.")
     to: ClaimPhase = Field(description="The phase it entered.")
-    reason: str = Field(max_length=64, description="Why, in one CamelCase word.")
+    reason: str = Field(max_length=48, description="Why, in one CamelCase word.")
     trigger: Trigger = Field(description="The source of the fact it was decided on.")
     at: datetime = Field(description="When (operator clock, UTC).")
     lease_generation: int = Field(
@@ -624,6 +624,7 @@ class ProviderRecord(Model):
 
     state: ProviderState | None = Field(default=None, description="Its last answer.")
     checked_at: datetime | None = Field(default=None, description="When it was last asked.")
+    lookups: int = Field(default=0, ge=0, description="Lookups recorded so far.")
     failures: int = Field(default=0, ge=0, description="Lookups in a row that failed.")
     last_error: str | None = Field(
         default=None, max_length=MAX_ERROR_LENGTH, description="Why the last lookup failed."
@@ -660,6 +661,11 @@ class RetryHold(Model):
         default=None, max_length=MAX_NAME_LENGTH, description="The attempt that took it."
     )
     returned: bool = Field(default=False, description="The window closed: it went back.")
+
+    @property
+    def active(self) -> bool:
+        """Still held for the next attempt (counted as reserved in the envelope)."""
+        return self.taken_by is None and not self.returned
 
 
 class DeviceHold(Model):
@@ -1117,6 +1123,12 @@ CLAIM_SPEC_RULES: list[JsonValue] = [
     {
         "rule": "!has(oldSelf.final) || !oldSelf.final || (has(self.final) && self.final)",
         "message": "a final report cannot be un-finalized",
+    },
+    {
+        "rule": "!(has(oldSelf.final) && oldSelf.final) || "
+        "(has(self.dispatch) && self.dispatch) == (has(oldSelf.dispatch) && oldSelf.dispatch)",
+        "message": "a branch that made its final report is not sent afterwards: "
+        "create a new claim (new attempt)",
     },
     {
         "rule": "!has(oldSelf.final) || !oldSelf.final || "

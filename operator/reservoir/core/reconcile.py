@@ -55,7 +55,9 @@ from reservoir.core.lifecycle import (
     LedgerEvent,
     Step,
     advance,
+    close_retry_window,
     record_after_settlement,
+    record_transition,
     record_usage,
     settle,
 )
@@ -79,6 +81,8 @@ from reservoir.core.model import (
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
     ResourceTotals,
+    RetryHold,
+    Trigger,
 )
 from reservoir.core.policy import (
     Admission,
@@ -89,6 +93,7 @@ from reservoir.core.policy import (
     queue_expired,
     request_problem,
 )
+from reservoir.core.provider import FIRST_LOOKUP_WAIT_SECONDS, needs_lookup
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -225,6 +230,9 @@ def reconcile(
         for c in claims
     }
     committed = dict(ledger.totals.committed)
+    # What a late completion may be charged from: the balance as last written (nothing in
+    # steps 1 and 2 draws it down), only while the envelope is open.
+    room = dict(ledger.totals.available) if renewals_open and result.admitted else None
 
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
     #    (its finalizer removed by hand) is advanced on what its entry recorded.
@@ -234,24 +242,40 @@ def reconcile(
             if entry.phase.terminal:
                 # Settled and gone: pruned below, once its devices are known to be free.
                 _keep_or_release_devices(result, uid, entry)
+                step = Step(entry, _gone(uid, entry, envelope), now)
+                close_retry_window(step, renewals_open)
+                result.events += step.events
                 continue
             facts = _gone(uid, entry, envelope)
-        was_settled = entry.settlement is not None
-        result.events += advance(entry, facts, policy, now, renewals_open, dimensions)
+        was_settled, was_adjusted = entry.settlement is not None, entry.adjustment is not None
+        result.events += advance(entry, facts, policy, now, renewals_open, dimensions, room)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
+        if not was_adjusted:
+            committed = _adjusted(committed, entry)
         _keep_or_release_devices(result, uid, entry, facts, policy)
 
-    # 2. Settled claims whose record moved to their own status: only late facts remain.
+    # 2. Settled claims whose record moved to their own status: only late facts remain. A
+    #    late completion that moves capacity brings the record back into the ledger, so
+    #    the adjustment is written with the totals it changes: exactly once.
     for facts in facts_by_uid.values():
         record = facts.settled_record
         if facts.uid in ledger.entries or record is None:
             continue
         record = record.model_copy(deep=True)
-        events = advance(record, facts, policy, now, dimensions=dimensions)
-        if events:
-            result.events += events
-            result.off_ledger[facts.uid] = record
+        was_adjusted = record.adjustment is not None
+        could_adjust = room is not None and _has_room_for(ledger, record, dimensions)
+        events = advance(
+            record, facts, policy, now, renewals_open, dimensions, room if could_adjust else None
+        )
+        if not events:
+            continue
+        result.events += events
+        if not was_adjusted and record.adjustment is not None and record.adjustment.applied:
+            committed = _adjusted(committed, record)
+            ledger.entries[facts.uid] = record
+            continue
+        result.off_ledger[facts.uid] = record
 
     # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
     children = ChildLedger(
@@ -324,6 +348,9 @@ def reconcile(
         held = ledger.entries[uid].devices
         if held is not None and not held.released:
             continue  # settled, but its devices are not free yet: it stays in view
+        kept = ledger.entries[uid].retry
+        if kept is not None and kept.active:
+            continue  # it holds capacity for the branch's next attempt
         facts = facts_by_uid.get(uid)
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
@@ -331,11 +358,49 @@ def reconcile(
     ledger.totals = _totals(envelope, committed, ledger)
     _envelope_lifecycle(result, envelope, now)
     ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
+    lookups = _next_lookups(result, envelope, facts_by_uid)
     result.wake_at = min(
-        (m for m in (next_deadline(result, envelope, waiting), ttl_moment) if m is not None),
+        (
+            m
+            for m in (next_deadline(result, envelope, waiting), ttl_moment, lookups)
+            if m is not None
+        ),
         default=None,
     )
     return result
+
+
+def _adjusted(committed: Mapping[str, Decimal], entry: LedgerEntry) -> dict[str, Decimal]:
+    """The committed total after a late completion's adjustment applied in this pass."""
+    adjustment = entry.adjustment
+    if adjustment is None or not adjustment.applied:
+        return dict(committed)
+    return subtract(add(committed, adjustment.charged), adjustment.returned)
+
+
+def _has_room_for(
+    ledger: ReservationEnvelopeStatus, record: LedgerEntry, dimensions: frozenset[str]
+) -> bool:
+    """Whether a compacted record can come back into the ledger within its byte budget."""
+    entries = [*ledger.entries.values(), record]
+    return ledger_bytes(entries, dimensions) <= LEDGER_BYTES_BUDGET
+
+
+def _next_lookups(
+    result: Reconciliation, envelope: EnvelopeFacts, claims: Mapping[str, ClaimFacts]
+) -> datetime | None:
+    """When a claim that needs its provider asked is due for the next lookup."""
+    policy = envelope.spec.policy
+    moments: list[datetime] = []
+    for uid, facts in claims.items():
+        entry = result.entry(uid) or facts.settled_record
+        if entry is None or not needs_lookup(entry, facts.spec, policy):
+            continue
+        record = entry.provider
+        due = record.next_lookup_at if record is not None else None
+        first = result.now + timedelta(seconds=FIRST_LOOKUP_WAIT_SECONDS)
+        moments.append(due if due is not None else first)
+    return min(moments, default=None)
 
 
 def wants_devices_now(facts: ClaimFacts, policy: EnvelopePolicy) -> bool:
@@ -467,6 +532,8 @@ def next_deadline(
         deadline = ambiguity_deadline(entry, policy)
         if entry.phase is ClaimPhase.DETACHED and deadline and entry.deadline_action is None:
             moments.append(deadline)
+        if entry.retry is not None and entry.retry.active:
+            moments.append(entry.retry.until)
     for facts in waiting:
         if facts.uid in result.pending:
             moments.append(facts.created_at + timedelta(seconds=policy.max_queue_seconds))
@@ -528,7 +595,12 @@ def _close_unadmitted(
     # Usage from a claim that never held anything is all excess: an overrun, kept for
     # people to see and never charged to the envelope.
     record_usage(step)
-    settle(step, phase, reason, message=message, outcome=facts.spec.outcome)
+    trigger = {
+        "DeletedWhilePending": Trigger.DELETION,
+        "CancelledWhilePending": Trigger.WORKER,
+        "FinishedBeforeAdmission": Trigger.WORKER,
+    }.get(reason, Trigger.ADMISSION)
+    settle(step, phase, reason, message=message, outcome=facts.spec.outcome, trigger=trigger)
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
     record_after_settlement(step)
@@ -580,6 +652,17 @@ def _admit_one(
             result, facts, ClaimPhase.RELEASED, "FinishedBeforeAdmission", "finished unadmitted"
         )
         return blocked_by
+    if facts.duplicate_of is not None:
+        _close_unadmitted(
+            result,
+            facts,
+            ClaimPhase.REJECTED,
+            "DuplicateRequestId",
+            f"upstream.requestId {spec.upstream.request_id!r} is already claim "
+            f"{facts.duplicate_of!r}: a retried submission reuses that claim (hold(name=...) "
+            "is idempotent), a new attempt needs a new requestId",
+        )
+        return blocked_by
     if queue_expired(facts.created_at, now, policy):
         _close_unadmitted(
             result,
@@ -600,15 +683,19 @@ def _admit_one(
     # has devices being allocated for it (found by review: caps were bypassed, and which
     # placeholder bound first decided the queue order).
     live = [e for e in entries.values() if e.phase.holds_capacity] + result.awaiting
+    # A retry of a failed attempt may use what that attempt kept for it.
+    kept = _retry_hold_for(entries.values(), facts)
+    balance = add(available, kept.resources) if kept is not None else available
     decision = admission(
         spec.requests,
-        available,
+        balance,
         live,
         len(entries) + len(result.awaiting),
         will_be_tentative=not spec.dispatch,
         policy=policy,
     )
     entry = _new_entry(facts, dict(spec.requests))
+    record_transition(entry, ClaimPhase.TENTATIVE, "Reserved", Trigger.ADMISSION, now)
     entry.phase = ClaimPhase.TENTATIVE
     entry.first_reserved_at = now
     entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
@@ -622,7 +709,7 @@ def _admit_one(
     ):
         # Its logical room is kept while the scheduler looks for devices: the claim is
         # admitted on the recorded allocation, never reported as held before it.
-        available.update(subtract(available, spec.requests))
+        available.update(subtract(_take(available, kept, facts), spec.requests))
         result.device_holds[facts.uid] = wanted
         result.awaiting.append(entry)
         result.room_bytes -= projected_bytes(entry, result.dimensions)
@@ -652,7 +739,7 @@ def _admit_one(
         # dispatched claim, and the other caps stop everyone anyway.
         return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
 
-    available.update(subtract(available, spec.requests))
+    available.update(subtract(_take(available, kept, facts), spec.requests))
     result.room_bytes -= size
     entries[facts.uid] = entry
     where = ""
@@ -669,6 +756,30 @@ def _admit_one(
     if entry.handed_off_at is not None:
         result.handed_off[facts.uid] = entry.handed_off_to or ""
     return blocked_by
+
+
+def _retry_hold_for(entries: Iterable[LedgerEntry], facts: ClaimFacts) -> RetryHold | None:
+    """What an earlier failed attempt of the same branch keeps for this one, if anything."""
+    branch, attempt = facts.spec.branch, facts.spec.attempt
+    if not branch:
+        return None
+    kept = [
+        e.retry
+        for e in entries
+        if e.branch == branch and e.attempt < attempt and e.retry is not None and e.retry.active
+    ]
+    return kept[0] if kept else None
+
+
+def _take(
+    available: Mapping[str, Decimal], kept: RetryHold | None, facts: ClaimFacts
+) -> dict[str, Decimal]:
+    """The balance once a retry takes what its failed attempt kept (it counts as available
+    to this attempt only)."""
+    if kept is None:
+        return dict(available)
+    kept.taken_by = facts.name
+    return add(available, kept.resources)
 
 
 def _totals(

@@ -1,7 +1,9 @@
-"""The Reservoir SDK: hold, dispatch, renew, report usage, finish, cancel, wait, ledger."""
+"""The Reservoir SDK: hold, dispatch, renew, report usage, finish, cancel, wait, ledger,
+and a claim's result and history."""
 
 from reservoir.sdk.client import AsyncReservoir, Reservoir
 from reservoir.sdk.errors import (
+    ClaimExistsError,
     ClaimNotFoundError,
     LeaseUncertainError,
     NotReservedError,
@@ -9,10 +11,11 @@ from reservoir.sdk.errors import (
     StaleClaimError,
 )
 from reservoir.sdk.pods import workload_pod
-from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView
+from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView, ResultView
 
 __all__ = [
     "AsyncReservoir",
+    "ClaimExistsError",
     "ClaimNotFoundError",
     "ClaimView",
     "EnvelopeTree",
@@ -22,6 +25,7 @@ __all__ = [
     "PoolView",
     "Reservoir",
     "ReservoirError",
+    "ResultView",
     "StaleClaimError",
     "workload_pod",
 ]

@@ -36,6 +36,13 @@ with its message.
 The SDK acts as one lease holder: `holder=`, else `$RESERVOIR_HOLDER`, else host/pid. `hold`
 names it in `spec.lease.holder`, and only that holder may dispatch or renew the claim.
 
+`hold(name=...)` is idempotent: a claim of that name that is the one the call would create
+(same envelope, branch, attempt, requests, holder, upstream ids, ...) is returned instead of
+failing, so a client that lost the answer may simply hold again; any other claim of that
+name raises `ClaimExistsError`. A claim's outcome outlives its worker: `finish(...,
+result=URI)` records a result reference, and `result(name)` and `history(name)` read what
+became of the claim and how, from its record (ledger entry, else status), by name only.
+
 `renew` writes no claim: it heartbeats the claim's `coordination.k8s.io/v1` Lease, and only
 for the claim the caller's view names (same UID and attempt), only when the claim names no
 other holder and is not cancelled, deleting, settled or Detached, and never taking over a
@@ -55,9 +62,11 @@ It then waits for the operator, the authority, to grant the renewal.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 from collections.abc import Callable, Coroutine, Mapping
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -68,6 +77,7 @@ from lightkube.resources.coordination_v1 import Lease
 from lightkube.types import PatchType
 
 from reservoir.core.claimstatus import settled_record
+from reservoir.core.ledger import render
 from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
@@ -76,7 +86,12 @@ from reservoir.core.model import (
     ClaimPhase,
     CommitPoint,
     LedgerEntry,
+    Model,
+    Placement,
     ReservationEnvelopeStatus,
+    Transition,
+    Upstream,
+    UpstreamState,
 )
 from reservoir.core.quantity import format_quantity, parse_resources
 from reservoir.k8s.facts import as_dict
@@ -88,13 +103,14 @@ from reservoir.k8s.resources import (
     ReservationPool,
 )
 from reservoir.sdk.errors import (
+    ClaimExistsError,
     ClaimNotFoundError,
     LeaseUncertainError,
     NotReservedError,
     ReservoirError,
     StaleClaimError,
 )
-from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView
+from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView, ResultView
 
 FENCED_RETRIES = 5
 # A worker stops starting irreversible work this long before its lease's expiry.
@@ -323,10 +339,20 @@ class AsyncReservoir:
         dispatch: bool = False,
         upstream: Mapping[str, Any] | None = None,
         placement: Mapping[str, Any] | None = None,
+        request_id: str | None = None,
+        retry_window_seconds: int | None = None,
     ) -> ClaimView:
         """Create a claim on `envelope`, held by this SDK's holder (dispatch=True: the branch
         is sent as soon as it is reserved, reserving and committing in one step).
-        `placement`: hints for device resources ({"nodeSelector": ..., "tolerations": ...})."""
+        `placement`: hints for device resources ({"nodeSelector": ..., "tolerations": ...}).
+        `request_id`: the submission's idempotency key (`spec.upstream.requestId`; two
+        claims of a namespace may not share one). `retry_window_seconds`: a failed
+        attempt keeps what it did not use for the branch's next attempt this long.
+
+        With `name`, the hold is idempotent: if a claim of that name already exists and is
+        the one this call would create (`spec_differences` finds nothing), it is returned as
+        it is now, settled or not; otherwise `ClaimExistsError` names the fields that
+        differ, and nothing is written."""
         spec = BranchClaimSpec(
             envelope=envelope,
             branch=branch,
@@ -336,8 +362,9 @@ class AsyncReservoir:
             commit_point=commit_point,
             dispatch=dispatch,
             lease={"duration_seconds": lease_seconds, "holder": self.holder},
-            upstream=upstream or {},
+            upstream=_upstream(upstream, request_id),
             placement=placement,
+            retry_window_seconds=retry_window_seconds,
         )
         metadata = ObjectMeta(
             name=name,
@@ -345,8 +372,23 @@ class AsyncReservoir:
             namespace=self.namespace,
             labels={ENVELOPE_LABEL: envelope},
         )
-        created = await self.client.create(BranchClaim(metadata=metadata, spec=spec.to_api()))
-        return ClaimView.from_api(as_dict(created))
+        body = BranchClaim(metadata=metadata, spec=spec.to_api())
+        for _ in range(FENCED_RETRIES):
+            try:
+                created = await self.client.create(body)
+            except ApiError as error:
+                if name is None or error.status.code != 409:
+                    raise
+                try:
+                    existing = await self._read_claim(name)
+                except ClaimNotFoundError:
+                    continue  # deleted since: create it again
+                _require_same_hold(spec, existing)
+                return existing
+            return ClaimView.from_api(as_dict(created))
+        raise StaleClaimError(
+            f"branchclaim/{name}: created and deleted under us {FENCED_RETRIES} times"
+        )
 
     async def dispatch(self, claim: ClaimView) -> ClaimView:
         """Cross the commit point: `spec.dispatch: true`. Only for a claim that holds
@@ -396,12 +438,32 @@ class AsyncReservoir:
         return await self._fenced(claim, {"usage": _quantities(usage)}, _may_report(usage))
 
     async def finish(
-        self, claim: ClaimView, usage: Mapping[str, str | int], outcome: str = "Succeeded"
+        self,
+        claim: ClaimView,
+        usage: Mapping[str, str | int],
+        outcome: str = "Succeeded",
+        result: str | None = None,
     ) -> ClaimView:
         """The final, confirmed usage and the outcome: the claim settles (commit C,
-        return R − C)."""
-        patch = {"usage": _quantities(usage), "final": True, "outcome": outcome}
+        return R − C). `result`: a durable reference to the branch's result (a URI or an
+        object's name, `spec.result`, set once), recorded in the claim's status and kept
+        after settlement, where `result()` finds it."""
+        patch: dict[str, Any] = {"usage": _quantities(usage), "final": True, "outcome": outcome}
+        if result is not None:
+            patch["result"] = result
         return await self._fenced(claim, patch, _may_report(usage))
+
+    async def result(self, claim: ClaimView | str) -> ResultView:
+        """What became of the claim, by name: phase, outcome, result reference, when it
+        settled, C and R − C. Read from its ledger entry, else its own status, so it
+        answers after settlement, after compaction and after its worker is gone.
+        `ClaimNotFoundError` if there is no such claim."""
+        return ResultView.of(await self.get(claim))
+
+    async def history(self, claim: ClaimView | str) -> list[Transition]:
+        """The claim's recorded transitions, oldest first (from, to, reason, trigger, time,
+        lease generation). `ClaimNotFoundError` if there is no such claim."""
+        return (await self.get(claim)).history
 
     async def renew(self, claim: ClaimView, confirm_timeout: float | None = 10.0) -> ClaimView:
         """Heartbeat the claim's Lease, then (by default) wait for the operator to grant the
@@ -611,6 +673,90 @@ def _quantities(values: Mapping[str, str | int]) -> dict[str, str]:
     return {name: format_quantity(amount) for name, amount in parse_resources(values).items()}
 
 
+def _require_same_hold(spec: BranchClaimSpec, existing: ClaimView) -> None:
+    differences = spec_differences(spec, existing.spec)
+    if existing.deleting:
+        differences.append("metadata.deletionTimestamp (the claim is being deleted)")
+    if differences:
+        raise ClaimExistsError(
+            f"branchclaim/{existing.name} already exists and is not the claim this hold "
+            f"would create: {'; '.join(differences)}. Choose another name, or read the "
+            "claim with get()",
+            existing.name,
+            tuple(d.split(" ", 1)[0] for d in differences),
+        )
+
+
+def _upstream(given: Mapping[str, Any] | None, request_id: str | None) -> Upstream:
+    upstream = Upstream.model_validate(dict(given or {}))
+    if request_id is None:
+        return upstream
+    if upstream.request_id not in (None, request_id):
+        raise ValueError(
+            f"request_id {request_id!r} and upstream's requestId {upstream.request_id!r} differ"
+        )
+    return Upstream.model_validate({**upstream.to_api(), "requestId": request_id})
+
+
+UPSTREAM_RANK = {UpstreamState.SUBMITTED: 0, UpstreamState.ACCEPTED: 1, UpstreamState.RUNNING: 2}
+
+
+def _shown(value: Any) -> str:
+    if value is None:
+        return "unset"
+    if isinstance(value, dict) and all(isinstance(v, Decimal) for v in value.values()):
+        return render(value) or "{}"
+    if isinstance(value, Model):
+        return json.dumps(value.to_api(), sort_keys=True)
+    return str(value)
+
+
+def spec_differences(wanted: BranchClaimSpec, existing: BranchClaimSpec) -> list[str]:
+    """Where an existing claim's spec is not the one `hold` would create, as
+    "spec.FIELD (VALUE asked, VALUE on the claim)": the fields `hold` sets. Requests
+    compare as quantities (20k is 20000). Facts that only move forward (dispatch,
+    upstream.state) differ only when the claim is behind what the hold asks; facts a
+    worker adds later (usage, cancel, a final report, result) are not compared."""
+    empty = Placement()
+    pairs: list[tuple[str, Any, Any]] = [
+        ("envelope", wanted.envelope, existing.envelope),
+        ("branch", wanted.branch, existing.branch),
+        ("attempt", wanted.attempt, existing.attempt),
+        ("requests", wanted.requests, existing.requests),
+        ("priority", wanted.priority, existing.priority),
+        ("commitPoint", wanted.commit_point, existing.commit_point),
+        ("lease.durationSeconds", wanted.lease.duration_seconds, existing.lease.duration_seconds),
+        ("lease.holder", wanted.lease.holder, existing.lease.holder),
+        ("placement", wanted.placement or empty, existing.placement or empty),
+        ("retryWindowSeconds", wanted.retry_window_seconds, existing.retry_window_seconds),
+    ]
+    asked, found = wanted.upstream, existing.upstream
+    pairs += [
+        (f"upstream.{field}", getattr(asked, attr), getattr(found, attr))
+        for field, attr in (
+            ("requestId", "request_id"),
+            ("operationId", "operation_id"),
+            ("ref", "ref"),
+            ("supportsCancel", "supports_cancel"),
+            ("supportsStatus", "supports_status"),
+        )
+    ]
+    differences = [
+        f"spec.{field} ({_shown(mine)} asked, {_shown(theirs)} on the claim)"
+        for field, mine, theirs in pairs
+        if mine != theirs
+    ]
+    if wanted.dispatch and not existing.dispatch:
+        differences.append("spec.dispatch (true asked, not dispatched on the claim)")
+    if asked.state is not None and (
+        found.state is None or UPSTREAM_RANK[found.state] < UPSTREAM_RANK[asked.state]
+    ):
+        differences.append(
+            f"spec.upstream.state ({asked.state.value} asked, {_shown(found.state)} on the claim)"
+        )
+    return differences
+
+
 T = TypeVar("T")
 
 
@@ -686,9 +832,19 @@ class Reservoir:
         return self._run(self._async.report_usage(claim, usage))
 
     def finish(
-        self, claim: ClaimView, usage: Mapping[str, str | int], outcome: str = "Succeeded"
+        self,
+        claim: ClaimView,
+        usage: Mapping[str, str | int],
+        outcome: str = "Succeeded",
+        result: str | None = None,
     ) -> ClaimView:
-        return self._run(self._async.finish(claim, usage, outcome))
+        return self._run(self._async.finish(claim, usage, outcome, result))
+
+    def result(self, claim: ClaimView | str) -> ResultView:
+        return self._run(self._async.result(claim))
+
+    def history(self, claim: ClaimView | str) -> list[Transition]:
+        return self._run(self._async.history(claim))
 
     def renew(self, claim: ClaimView, confirm_timeout: float | None = 10.0) -> ClaimView:
         return self._run(self._async.renew(claim, confirm_timeout))

@@ -24,3 +24,15 @@ class NotReservedError(ReservoirError):
 
 class ClaimNotFoundError(ReservoirError):
     """No such BranchClaim."""
+
+
+class ClaimExistsError(ReservoirError):
+    """`hold(name=...)` found a claim of that name that is not the one this call would
+    create (another envelope, branch, attempt, requests, holder...), or one being deleted:
+    it is not returned, and nothing was written. `differences` names each field that
+    differs, as the API spells it."""
+
+    def __init__(self, message: str, name: str = "", differences: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.name = name
+        self.differences = differences

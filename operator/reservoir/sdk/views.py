@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
+from decimal import Decimal
 from typing import Any
 
 from reservoir.core.model import (
@@ -15,9 +16,11 @@ from reservoir.core.model import (
     EnvelopePhase,
     EnvelopeState,
     LedgerEntry,
+    Outcome,
     ParentKind,
     ReservationPoolStatus,
     Settlement,
+    Transition,
 )
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
 
@@ -138,6 +141,56 @@ class ClaimView:
     @property
     def settled(self) -> bool:
         return self.ledger_phase.terminal or self.settlement is not None
+
+    @property
+    def record(self) -> LedgerEntry | BranchClaimStatus:
+        """The claim's authoritative record: its ledger entry, else its status (which
+        carries it once a settled entry was compacted out of the ledger)."""
+        return self.entry if self.entry is not None else self.status
+
+    @property
+    def history(self) -> list[Transition]:
+        """The claim's transitions, oldest first, as its record keeps them."""
+        return list(self.record.history)
+
+
+@dataclass(frozen=True)
+class ResultView:
+    """What became of a claim, as a client that reconnects asks for it by name: the
+    phase, the outcome and the durable result reference, C and R − C. Read from the
+    claim's own record, which outlives its worker and its ledger entry."""
+
+    name: str
+    namespace: str
+    phase: ClaimPhase
+    outcome: Outcome | None = None  # the settlement's outcome (None: none reported)
+    result: str | None = None  # the recorded result reference (URI or object name)
+    reason: str | None = None  # why it settled
+    settled_at: datetime | None = None
+    reserved: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # R
+    consumed: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # C
+    released: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # R − C
+
+    @property
+    def settled(self) -> bool:
+        return self.phase.terminal or self.settled_at is not None
+
+    @classmethod
+    def of(cls, claim: ClaimView) -> ResultView:
+        record = claim.record
+        settlement = record.settlement
+        return cls(
+            name=claim.name,
+            namespace=claim.namespace,
+            phase=record.phase,
+            outcome=settlement.outcome if settlement else None,
+            result=record.result,
+            reason=settlement.reason if settlement else None,
+            settled_at=settlement.at if settlement else None,
+            reserved=dict(record.reserved),
+            consumed=dict(record.consumed),
+            released=dict(record.released),
+        )
 
 
 @dataclass(frozen=True)
