@@ -216,7 +216,7 @@ def claim_crd() -> dict[str, Any]:
             column("Age", ".metadata.creationTimestamp", "date"),
         ],
         # `kubectl get bclaim --field-selector spec.envelope=wf`, and the operator's list
-        selectable=(".spec.envelope", ".spec.branch"),
+        selectable=(".spec.envelope", ".spec.branch", ".spec.upstream.requestId"),
         root_rules=[SETTLEMENT_IS_PERMANENT],
     )
 

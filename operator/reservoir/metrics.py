@@ -104,6 +104,12 @@ ledger_errors = Counter(
     "InvariantViolation, WriteRefused, ReconcileFailed, MirrorRefused).",
     ["namespace", "reason"],
 )
+provider_lookups = Counter(
+    "reservoir_provider_lookups_total",
+    "Status lookups of claims' upstream operations, by adapter (Object, HTTP) and result "
+    "(answered, failed).",
+    ["namespace", "adapter", "result"],
+)
 finalizer_waits = Counter(
     "reservoir_finalizer_waits_total",
     "Deletions held back because their settlement is not recorded yet.",

@@ -43,8 +43,9 @@ class Sim:
 
     # - declared facts -
     def create(self, name: str, requests: dict[str, str] | None = None, **spec: Any) -> Sim:
+        branch = spec.pop("branch", name)
         full = BranchClaimSpec(
-            envelope="env", branch=name, requests=requests or {"tokens": "20"}, **spec
+            envelope="env", branch=branch, requests=requests or {"tokens": "20"}, **spec
         )
         self.claims[name] = ClaimFacts(uid=name, name=name, created_at=self.now, spec=full)
         return self

@@ -34,14 +34,29 @@ from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import device_occupancy, has_device_resources
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
-from reservoir.core.model import MAX_CONDITIONS, Condition, ParentKind, ParentRecord
+from reservoir.core.model import (
+    MAX_CONDITIONS,
+    Condition,
+    EnvelopePolicy,
+    ParentKind,
+    ParentRecord,
+    ReservationEnvelopeStatus,
+)
 from reservoir.core.policy import settlement_due
+from reservoir.core.provider import (
+    Adapter,
+    adapter_for,
+    cancel_to_forward,
+    lookup_due,
+    needs_lookup,
+)
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import DeviceHolder
+from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
     ENVELOPE_LABEL,
@@ -53,6 +68,7 @@ from reservoir.k8s.resources import (
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
+MAX_CONCURRENT_LOOKUPS = 8  # provider lookups in flight at once, all envelopes together
 
 
 class Recorder(Protocol):
@@ -106,8 +122,11 @@ class LedgerWriter:
         record: Recorder,
         clock: Callable[[], datetime] = utcnow,
         devices: DeviceHolder | None = None,
+        providers: ProviderClient | None = None,
     ) -> None:
         self.client = client
+        self.providers = providers or ProviderClient(client)
+        self._lookups = asyncio.Semaphore(MAX_CONCURRENT_LOOKUPS)
         self.record = record
         self.clock = clock
         self.devices = devices or DeviceHolder(client, None)
@@ -206,6 +225,11 @@ class LedgerWriter:
             resource_claims, placeholders = await self.devices.observe(namespace, name)
         claim_facts: list[ClaimFacts] = []
         invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]] = []
+        requests = {
+            c["metadata"]["uid"]
+            for c in claims
+            if ((c.get("spec") or {}).get("upstream") or {}).get("requestId")
+        }
         for claim in claims:
             claim_name = claim["metadata"]["name"]
             fact = read.claim_facts(claim, leases.get(claim_name), pods.get(claim_name))
@@ -215,6 +239,18 @@ class LedgerWriter:
             if fact.problem is not None:
                 invalid.append((claim, fact))
             claim_facts.append(fact)
+        # Ask the providers of the claims that need it, and find the submissions that
+        # reuse an older claim's idempotency key (only for claims still waiting).
+        policy = envelope_facts.spec.policy
+        claim_facts = list(
+            await asyncio.gather(
+                *(self._consult_provider(namespace, fact, status, policy) for fact in claim_facts)
+            )
+        )
+        claim_facts = [
+            await self._find_duplicate(namespace, fact, status) if fact.uid in requests else fact
+            for fact in claim_facts
+        ]
 
         now = self.clock()
         try:
@@ -313,6 +349,58 @@ class LedgerWriter:
             )
         await self._delete_expired(namespace, result.expired_claims)
         return result
+
+    async def _consult_provider(
+        self,
+        namespace: str,
+        fact: ClaimFacts,
+        status: ReservationEnvelopeStatus,
+        policy: EnvelopePolicy,
+    ) -> ClaimFacts:
+        """A status lookup for a claim that needs one (Detached, cancel asked, submitted
+        but unconfirmed): an object is read whenever asked (one GET), an HTTP provider only
+        when its backoff says so. A cancel asked after the commit point is forwarded once."""
+        entry = status.entries.get(fact.uid) or fact.settled_record
+        if entry is None or not needs_lookup(entry, fact.spec, policy):
+            return fact
+        adapter = adapter_for(fact.spec, policy)
+        how = cancel_to_forward(entry, fact.spec, policy)
+        if adapter is Adapter.HTTP and how is None and not lookup_due(entry, self.clock()):
+            return fact
+        async with self._lookups:
+            answer = await self.providers.look_up(namespace, fact.spec, policy)
+            if how is not None:
+                forwarded = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
+                answer = replace(answer, cancel=forwarded)
+        result = "failed" if answer.error else "answered"
+        metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
+        return replace(fact, provider=answer)
+
+    async def _find_duplicate(
+        self, namespace: str, fact: ClaimFacts, status: ReservationEnvelopeStatus
+    ) -> ClaimFacts:
+        """A waiting claim whose upstream.requestId an older claim of the namespace already
+        has (any envelope) is a retried submission: it is rejected, the older one stands.
+        The older one is the one admitted first, else the one created first (then by name):
+        every envelope's writer picks the same."""
+        request = fact.spec.upstream.request_id
+        if request is None or fact.uid in status.entries or fact.settled_record is not None:
+            return fact
+        rivals = []
+        async for claim in self.client.list(
+            BranchClaim, namespace=namespace, fields={"spec.upstream.requestId": request}
+        ):
+            body = read.as_dict(claim)
+            state = body.get("status") or {}
+            if (state.get("settlement") or {}).get("reason") == "DuplicateRequestId":
+                continue  # it lost already
+            admitted = state.get("phase") not in (None, "Pending")
+            meta = body["metadata"]
+            rivals.append((not admitted, meta["creationTimestamp"], meta["name"], meta["uid"]))
+        first = min(rivals, default=None)
+        if first is None or first[3] == fact.uid:
+            return fact
+        return replace(fact, duplicate_of=first[2])
 
     def poke_parent(self, namespace: str, record: ParentRecord | None) -> None:
         """Wake the writer of the parent (envelope or pool) this envelope draws from."""

@@ -1,0 +1,282 @@
+"""Reconciling with the provider, in the pure core: lookups, terminal answers, submission
+races, late completions, retry windows, duplicate request ids and the durable history."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from reservoir.core.claimstatus import claim_status, settled_record
+from reservoir.core.ledgersize import projected_bytes
+from reservoir.core.model import ClaimPhase as P
+from reservoir.core.model import ProviderState as S
+from reservoir.core.model import Trigger
+from reservoir.core.provider import ProviderAnswer, needs_lookup, next_lookup
+from tests.unit.sim import T0, Sim
+
+JOB = {"ref": {"name": "train-7"}, "operationId": "train-7", "supportsStatus": True}
+HTTP_POLICY = {
+    "provider": {"statusURL": "https://provider.example/ops/{operationId}"},
+    "default_lease_seconds": 5,
+    "ambiguity_deadline_seconds": 60,
+}
+
+
+def detached(sim: Sim, name: str = "a", **spec: object) -> Sim:
+    """A dispatched claim whose worker went away: its lease lapsed, it is Detached."""
+    sim.create(name, upstream=JOB, **spec).reconcile().dispatch(name).reconcile()
+    sim.tick(6).reconcile()
+    assert sim.phase(name) is P.DETACHED
+    return sim
+
+
+def answer(state: S, tokens: str | None = None, **kw: object) -> ProviderAnswer:
+    usage = {"tokens": Decimal(tokens)} if tokens is not None else {}
+    return ProviderAnswer(state=state, usage=usage, **kw)  # type: ignore[arg-type]
+
+
+def test_only_claims_that_need_it_are_looked_up() -> None:
+    sim = Sim(default_lease_seconds=5)
+    sim.create("a", upstream=JOB).reconcile()
+    policy = sim.envelope.spec.policy
+    assert not needs_lookup(sim.entry("a"), sim.claims["a"].spec, policy), "tentative"
+    sim.dispatch("a").reconcile()
+    assert not needs_lookup(sim.entry("a"), sim.claims["a"].spec, policy), "worker attached"
+    sim.tick(6).reconcile()
+    assert needs_lookup(sim.entry("a"), sim.claims["a"].spec, policy), "detached"
+    sim.create("b").reconcile().dispatch("b").reconcile().tick(6).reconcile()
+    assert not needs_lookup(sim.entry("b"), sim.claims["b"].spec, policy), "no adapter"
+
+
+def test_a_terminal_answer_settles_a_detached_claim_like_a_final_report() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.RUNNING)).reconcile()
+    assert sim.phase("a") is P.DETACHED, "running upstream: still no worker"
+    assert sim.entry("a").provider is not None
+    assert sim.entry("a").provider.state is S.RUNNING  # type: ignore[union-attr]
+    sim.provider("a", answer(S.SUCCEEDED, "7", result="s3://out/7")).reconcile()
+    entry = sim.entry("a")
+    assert entry.phase is P.CONSUMED
+    assert entry.settlement is not None and entry.settlement.reason == "ProviderSucceeded"
+    assert entry.consumed == {"tokens": Decimal(7)}
+    assert entry.released == {"tokens": Decimal(13)}
+    assert entry.result == "s3://out/7"
+    assert sim.available() == "93"
+    # The same answer again changes nothing: settled once.
+    before = sim.status.model_copy(deep=True)
+    sim.tick(30).reconcile()
+    assert sim.status.totals == before.totals
+
+
+def test_a_failed_lookup_is_counted_and_changes_nothing_else() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.UNKNOWN, error="HTTP 500")).reconcile()
+    record = sim.entry("a").provider
+    assert record is not None and record.failures == 1 and record.last_error == "HTTP 500"
+    assert sim.phase("a") is P.DETACHED
+    assert "ProviderLookupFailed" in sim.reasons("a")
+    # The same failure before the next lookup is due is not recorded again (no write loop).
+    sim.reconcile()
+    assert sim.entry("a").provider == record
+    assert record.next_lookup_at is not None
+    sim.now = record.next_lookup_at
+    sim.reconcile()
+    again = sim.entry("a").provider
+    assert again is not None and again.failures == 2 and again.lookups == 2
+    sim.provider("a", answer(S.FAILED)).reconcile()
+    assert sim.phase("a") is P.RELEASED
+    settled = sim.entry("a")
+    assert settled.settlement is not None and settled.settlement.outcome is not None
+    assert settled.settlement.outcome.value == "Failed"
+    assert settled.provider is not None and settled.provider.failures == 0
+
+
+def test_lookups_back_off_with_jitter_up_to_the_policy_bound() -> None:
+    sim = Sim(provider_lookup_max_seconds=60)
+    policy = sim.envelope.spec.policy
+    waits = [(next_lookup("uid", n, T0, policy) - T0).total_seconds() for n in range(12)]
+    assert waits[0] >= 1 and waits[-1] <= 60
+    assert waits[5] > waits[0], "the wait grows"
+    assert next_lookup("uid", 3, T0, policy) == next_lookup("uid", 3, T0, policy)
+    assert next_lookup("uid", 3, T0, policy) != next_lookup("other", 3, T0, policy)
+
+
+def test_unknown_keeps_the_claim_detached_until_the_deadline() -> None:
+    sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=20))
+    sim.provider("a", answer(S.UNKNOWN, error="Job train-7 not found")).reconcile()
+    assert sim.phase("a") is P.DETACHED
+    sim.tick(25).reconcile()
+    entry = sim.entry("a")
+    assert entry.settlement is not None
+    assert entry.settlement.reason == "AmbiguityDeadlineQuarantine"
+
+
+def test_submitted_is_maybe_running_a_cancel_never_returns_r() -> None:
+    sim = Sim(**HTTP_POLICY)  # type: ignore[arg-type]
+    upstream = {"operationId": "op-1", "supportsStatus": True, "state": "Submitted"}
+    sim.create("a", upstream=upstream).reconcile()
+    assert sim.phase("a") is P.COMMITTED
+    assert sim.entry("a").history[-1].reason == "Submitted"
+    sim.cancel("a").reconcile()
+    assert sim.phase("a") is P.COMMITTED and sim.available() == "80", "R stays held"
+    sim.tick(6).reconcile()
+    assert sim.phase("a") is P.DETACHED and sim.available() == "80", "a lapse returns nothing"
+    sim.provider("a", answer(S.NEVER_STARTED)).reconcile()
+    assert sim.phase("a") is P.RELEASED and sim.available() == "100"
+    settlement = sim.entry("a").settlement
+    assert settlement is not None and settlement.reason == "ProviderNeverStarted"
+
+
+def test_never_started_is_not_believed_against_evidence_that_it_ran() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.usage("a", "3").reconcile()
+    sim.provider("a", answer(S.NEVER_STARTED)).reconcile()
+    assert sim.phase("a") is not P.RELEASED and not sim.entry("a").phase.terminal
+    assert "ProviderContradicted" in sim.reasons("a")
+
+
+def test_a_cancel_is_forwarded_once_and_recorded_as_requested_not_confirmed() -> None:
+    sim = Sim(default_lease_seconds=30)
+    spec = {**JOB, "supportsCancel": True}
+    sim.create("a", upstream=spec).reconcile().dispatch("a").reconcile()
+    sim.cancel("a").reconcile()
+    entry = sim.entry("a")
+    assert entry.cancel_requested and entry.phase is P.COMMITTED
+    sim.provider("a", answer(S.RUNNING, cancel="Job suspended")).reconcile()
+    record = sim.entry("a").provider
+    assert record is not None and record.cancel == "Job suspended"
+    assert record.cancel_forwarded_at == sim.now
+    assert not sim.entry("a").phase.terminal, "a forwarded cancel is not a confirmation"
+    sim.provider("a", answer(S.CANCELLED)).reconcile()
+    settled = sim.entry("a")
+    assert settled.settlement is not None and settled.settlement.reason == "ProviderCancelled"
+    assert sim.available() == "100"
+
+
+def test_a_late_final_report_after_quarantine_returns_what_was_not_used_once() -> None:
+    sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=10))
+    sim.tick(11).reconcile()
+    assert sim.total("committed") == "20"
+    sim.usage("a", "8", final=True).reconcile()
+    entry = sim.entry("a")
+    assert entry.adjustment is not None and entry.adjustment.applied
+    assert entry.adjustment.returned == {"tokens": Decimal(12)}
+    assert entry.consumed == {"tokens": Decimal(20)}, "the settlement never changes"
+    assert sim.total("committed") == "8" and sim.available() == "92"
+    sim.mirror().tick(1).reconcile().reconcile()
+    assert sim.total("committed") == "8", "applied once, also after compaction"
+    assert entry.history[-1].reason == "LateCompletionAdjusted"
+
+
+def test_an_adjustment_after_compaction_is_written_with_the_totals_it_changes() -> None:
+    sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=10))
+    sim.tick(11).reconcile().mirror().reconcile()
+    assert "a" not in sim.status.entries, "compacted: the record lives in the claim's status"
+    sim.usage("a", "5", final=True).reconcile()
+    assert "a" in sim.status.entries, "back in the ledger with its adjustment"
+    assert sim.total("committed") == "5"
+    sim.reconcile()
+    assert sim.total("committed") == "5"
+    sim.mirror().reconcile()
+    assert "a" not in sim.status.entries and sim.total("committed") == "5"
+
+
+def test_a_late_completion_is_only_recorded_once_the_envelope_is_closed() -> None:
+    sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=10))
+    sim.tick(11).reconcile().close().reconcile()
+    sim.usage("a", "8", final=True).reconcile()
+    adjustment = sim.entry("a").adjustment
+    assert adjustment is not None and not adjustment.applied
+    assert sim.total("committed") == "20"
+
+
+def test_a_force_settled_claim_is_never_adjusted() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.force("a", "worker lost; ticket 42").reconcile()
+    sim.usage("a", "9", final=True).reconcile()
+    entry = sim.entry("a")
+    assert entry.adjustment is None and entry.late is not None and entry.late.count == 1
+    assert sim.total("committed") == "0"
+
+
+def test_a_failed_attempt_keeps_its_balance_for_the_next_attempt() -> None:
+    sim = Sim(capacity={"tokens": "30"})
+    sim.create("a1", {"tokens": "20"}, branch="b", retry_window_seconds=60).reconcile()
+    sim.dispatch("a1").reconcile().usage("a1", "5", final=True, outcome="Failed").reconcile()
+    hold = sim.entry("a1").retry
+    assert hold is not None and hold.resources == {"tokens": Decimal(15)}
+    assert sim.total("reserved") == "15" and sim.available() == "10"
+    sim.create("other", {"tokens": "12"}).reconcile()
+    assert sim.phase("other") is P.PENDING
+    sim.create("a2", {"tokens": "20"}, branch="b", attempt=2).reconcile()
+    assert sim.phase("a2") is P.TENTATIVE
+    assert sim.entry("a1").retry is not None and sim.entry("a1").retry.taken_by == "a2"  # type: ignore[union-attr]
+    assert sim.total("reserved") == "20" and sim.available() == "5"
+
+
+def test_a_retry_window_that_closes_returns_the_balance() -> None:
+    sim = Sim(capacity={"tokens": "30"})
+    sim.create("a1", {"tokens": "20"}, branch="b", retry_window_seconds=5).reconcile()
+    sim.dispatch("a1").reconcile().usage("a1", "5", final=True, outcome="Failed").reconcile()
+    assert sim.available() == "10"
+    sim.mirror().tick(6).reconcile()
+    hold = sim.entry("a1").retry
+    assert hold is not None and hold.returned and sim.available() == "25"
+    sim.mirror().reconcile()
+    assert sim.available() == "25"
+
+
+def test_a_duplicate_request_id_is_rejected_with_the_claim_it_repeats() -> None:
+    from dataclasses import replace
+
+    sim = Sim()
+    sim.create("second", upstream={"requestId": "req-1"})
+    sim.claims["second"] = replace(sim.claims["second"], duplicate_of="first")
+    sim.reconcile()
+    entry = sim.entry("second")
+    assert entry.phase is P.REJECTED
+    assert entry.settlement is not None and entry.settlement.reason == "DuplicateRequestId"
+    assert sim.available() == "100"
+
+
+def test_the_history_lists_every_transition_with_its_trigger() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.SUCCEEDED, "4")).reconcile()
+    moves = [(t.from_phase, t.to, t.reason, t.trigger) for t in sim.entry("a").history]
+    assert moves == [
+        (P.PENDING, P.TENTATIVE, "Reserved", Trigger.ADMISSION),
+        (P.TENTATIVE, P.COMMITTED, "CommitPointReached", Trigger.WORKER),
+        (P.COMMITTED, P.DETACHED, "LeaseLapsed", Trigger.CLOCK),
+        (P.DETACHED, P.CONSUMED, "ProviderSucceeded", Trigger.PROVIDER),
+    ]
+    times = [t.at for t in sim.entry("a").history]
+    assert times == sorted(times)
+
+
+def test_the_history_survives_compaction_into_the_claims_status() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.SUCCEEDED, "4")).reconcile()
+    history = list(sim.entry("a").history)
+    status = claim_status(sim.entry("a"), None, None, 1, sim.now)
+    assert status.history == history
+    record = settled_record(status, "a", "a", 1)
+    assert record is not None and record.history == history
+    sim.mirror().reconcile()
+    assert "a" not in sim.status.entries and sim.entry("a").history == history
+
+
+def test_an_entrys_projection_covers_everything_it_can_gain() -> None:
+    sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=10))
+    dimensions = frozenset(sim.envelope.spec.capacity)
+    admitted = Sim()
+    admitted.create("a", upstream=JOB).reconcile()
+    bound = projected_bytes(admitted.entry("a"), dimensions)
+    long_error = "x" * 200
+    sim.provider("a", answer(S.UNKNOWN, error=long_error, cancel=long_error)).reconcile()
+    sim.tick(11).reconcile()
+    sim.update("a", result="s3://" + "r" * 250)
+    sim.usage("a", "8", final=True).reconcile()
+    from reservoir.core.ledgersize import entry_bytes
+
+    assert entry_bytes(sim.entry("a")) <= bound
+    assert sim.now - T0 > timedelta(0)
