@@ -3,6 +3,7 @@ races, late completions, retry windows, duplicate request ids and the durable hi
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 
@@ -142,7 +143,8 @@ def test_a_cancel_is_forwarded_once_and_recorded_as_requested_not_confirmed() ->
     sim.cancel("a").reconcile()
     entry = sim.entry("a")
     assert entry.cancel_requested and entry.phase is P.COMMITTED
-    sim.provider("a", answer(S.RUNNING, cancel="Job suspended")).reconcile()
+    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded="Job suspended")
+    sim.provider("a", answer(S.RUNNING)).reconcile()
     record = sim.entry("a").provider
     assert record is not None and record.cancel == "Job suspended"
     assert record.cancel_forwarded_at == sim.now
@@ -227,8 +229,6 @@ def test_a_retry_window_that_closes_returns_the_balance() -> None:
 
 
 def test_a_duplicate_request_id_is_rejected_with_the_claim_it_repeats() -> None:
-    from dataclasses import replace
-
     sim = Sim()
     sim.create("second", upstream={"requestId": "req-1"})
     sim.claims["second"] = replace(sim.claims["second"], duplicate_of="first")
@@ -272,7 +272,7 @@ def test_an_entrys_projection_covers_everything_it_can_gain() -> None:
     admitted.create("a", upstream=JOB).reconcile()
     bound = projected_bytes(admitted.entry("a"), dimensions)
     long_error = "x" * 200
-    sim.provider("a", answer(S.UNKNOWN, error=long_error, cancel=long_error)).reconcile()
+    sim.provider("a", answer(S.UNKNOWN, error=long_error)).reconcile()
     sim.tick(11).reconcile()
     sim.update("a", result="s3://" + "r" * 250)
     sim.usage("a", "8", final=True).reconcile()
@@ -280,3 +280,36 @@ def test_an_entrys_projection_covers_everything_it_can_gain() -> None:
 
     assert entry_bytes(sim.entry("a")) <= bound
     assert sim.now - T0 > timedelta(0)
+
+
+def test_a_cancel_is_forwarded_without_status_lookup_and_only_where_it_can_be() -> None:
+    from reservoir.core.model import UpstreamCancel
+    from reservoir.core.provider import cancel_to_forward
+
+    endpoint = {
+        "statusURL": "https://p.example/ops/{operationId}",
+        "cancelURL": "https://p.example/ops/{operationId}/cancel",
+    }
+    sim = Sim(provider=endpoint, default_lease_seconds=30)
+    upstream = {"operationId": "op-1", "supportsCancel": True}  # no status lookup
+    sim.create("a", upstream=upstream).reconcile().dispatch("a").reconcile()
+    sim.cancel("a").reconcile()
+    policy, spec = sim.envelope.spec.policy, sim.claims["a"].spec
+    assert not needs_lookup(sim.entry("a"), spec, policy)
+    assert cancel_to_forward(sim.entry("a"), spec, policy) is UpstreamCancel.SUSPEND
+    never = policy.model_copy(update={"upstream_cancel": UpstreamCancel.NEVER})
+    assert cancel_to_forward(sim.entry("a"), spec, never) is None
+    no_call = policy.model_copy(
+        update={"provider": policy.provider.model_copy(update={"cancel_url": None})}  # type: ignore[union-attr]
+    )
+    assert cancel_to_forward(sim.entry("a"), spec, no_call) is None
+    unsupported = spec.model_copy(
+        update={"upstream": spec.upstream.model_copy(update={"supports_cancel": False})}
+    )
+    assert cancel_to_forward(sim.entry("a"), unsupported, policy) is None
+    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded="requested (HTTP 202)")
+    sim.reconcile()
+    record = sim.entry("a").provider
+    assert record is not None and record.cancel == "requested (HTTP 202)"
+    assert cancel_to_forward(sim.entry("a"), spec, policy) is None, "forwarded once"
+    assert sim.phase("a") is P.COMMITTED

@@ -104,6 +104,7 @@ class ClaimFacts:
     devices: DeviceFacts | None = None  # what its ResourceClaim shows now, if it has one
     problem: str | None = None  # parts of the spec the operator could not read, and why
     provider: ProviderAnswer | None = None  # a provider lookup made for this pass, if any
+    cancel_forwarded: str | None = None  # what forwarding its cancel upstream did, this pass
     # An older claim of the namespace with the same upstream.requestId (its name), if any.
     duplicate_of: str | None = None
 
@@ -341,14 +342,6 @@ def record_answer(step: Step, policy: EnvelopePolicy) -> None:
     if answer is None or not needs_lookup(entry, step.facts.spec, policy):
         return
     record = (entry.provider or ProviderRecord()).model_copy(deep=True)
-    if answer.cancel is not None and record.cancel_forwarded_at is None:
-        record.cancel_forwarded_at = step.now
-        record.cancel = answer.cancel[:MAX_ERROR_LENGTH]
-        step.note(
-            "CancelForwarded",
-            f"cancel forwarded upstream: {record.cancel} (requested, not confirmed: the "
-            "capacity waits for a terminal answer, a final report or the deadline)",
-        )
     error = answer.error[:MAX_ERROR_LENGTH] if answer.error else None
     changed = error != record.last_error or (error is None and answer.state != record.state)
     if changed or lookup_due(entry, step.now):
@@ -370,6 +363,25 @@ def record_answer(step: Step, policy: EnvelopePolicy) -> None:
         record.next_lookup_at = next_lookup(step.facts.uid, record.lookups, step.now, policy)
     if record != entry.provider:
         entry.provider = record
+
+
+def record_cancel_forwarded(step: Step) -> None:
+    """A cancel forwarded upstream is recorded as requested, never as confirmed: the
+    capacity waits for a terminal answer, a final report or the deadline."""
+    forwarded, entry = step.facts.cancel_forwarded, step.entry
+    if forwarded is None or not entry.cancel_requested:
+        return
+    if entry.provider is not None and entry.provider.cancel_forwarded_at is not None:
+        return
+    record = (entry.provider or ProviderRecord()).model_copy(deep=True)
+    record.cancel_forwarded_at = step.now
+    record.cancel = forwarded[:MAX_ERROR_LENGTH]
+    entry.provider = record
+    step.note(
+        "CancelForwarded",
+        f"cancel forwarded upstream: {record.cancel} (requested, not confirmed: the "
+        "capacity waits for a terminal answer, a final report or the deadline)",
+    )
 
 
 def expire_lease(step: Step) -> None:
@@ -480,6 +492,7 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
             "cancel requested after the commit point: capacity waits for the final usage "
             "report, the provider's answer or the ambiguity deadline",
         )
+    record_cancel_forwarded(step)
     record_answer(step, policy)
     said = provider_says(entry)
     if entry.phase is ClaimPhase.COMMITTED and (

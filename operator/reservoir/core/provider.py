@@ -48,8 +48,6 @@ class ProviderAnswer:
     usage: Mapping[str, Decimal] = field(default_factory=dict)
     result: str | None = None
     error: str | None = None
-    # What forwarding a cancel upstream did in this pass (None: nothing was forwarded).
-    cancel: str | None = None
 
     @property
     def outcome(self) -> Outcome | None:
@@ -126,7 +124,17 @@ def cancel_to_forward(
     forwarded: forward it (recorded as requested, never as confirmed)."""
     if not entry.cancel_requested or entry.phase.terminal or not spec.upstream.supports_cancel:
         return None
-    if adapter_for(spec, policy) is None or policy.upstream_cancel is UpstreamCancel.NEVER:
+    if policy.upstream_cancel is UpstreamCancel.NEVER:
+        return None
+    # A cancel needs no status lookup: a referenced object, or the operation at an
+    # endpoint with a cancel call (client-disconnect.txt: "cancellation but no status").
+    endpoint = policy.provider
+    cancellable = spec.upstream.ref is not None or (
+        endpoint is not None
+        and endpoint.cancel_url is not None
+        and spec.upstream.operation_id is not None
+    )
+    if not cancellable:
         return None
     if entry.provider is not None and entry.provider.cancel_forwarded_at is not None:
         return None

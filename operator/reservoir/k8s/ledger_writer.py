@@ -361,20 +361,25 @@ class LedgerWriter:
         but unconfirmed): an object is read whenever asked (one GET), an HTTP provider only
         when its backoff says so. A cancel asked after the commit point is forwarded once."""
         entry = status.entries.get(fact.uid) or fact.settled_record
-        if entry is None or not needs_lookup(entry, fact.spec, policy):
+        if entry is None:
             return fact
-        adapter = adapter_for(fact.spec, policy)
         how = cancel_to_forward(entry, fact.spec, policy)
-        if adapter is Adapter.HTTP and how is None and not lookup_due(entry, self.clock()):
+        adapter = adapter_for(fact.spec, policy)
+        lookup = needs_lookup(entry, fact.spec, policy) and (
+            adapter is Adapter.OBJECT or lookup_due(entry, self.clock())
+        )
+        if how is None and not lookup:
             return fact
         async with self._lookups:
-            answer = await self.providers.look_up(namespace, fact.spec, policy)
             if how is not None:
                 forwarded = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
-                answer = replace(answer, cancel=forwarded)
-        result = "failed" if answer.error else "answered"
-        metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
-        return replace(fact, provider=answer)
+                fact = replace(fact, cancel_forwarded=forwarded)
+            if lookup:
+                answer = await self.providers.look_up(namespace, fact.spec, policy)
+                result = "failed" if answer.error else "answered"
+                metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
+                fact = replace(fact, provider=answer)
+        return fact
 
     async def _find_duplicate(
         self, namespace: str, fact: ClaimFacts, status: ReservationEnvelopeStatus
