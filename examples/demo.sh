@@ -40,6 +40,10 @@ echo "== a GPU branch (examples/gpu_branch.py)"
 python examples/gpu_branch.py --namespace "$namespace"
 
 echo
+echo "== a Job-backed branch settled from the Job after its worker died (examples/job_branch.py)"
+python examples/job_branch.py --namespace "$namespace"
+
+echo
 echo "== a planner with two sub-agents, drawn from a tenant pool (examples/planner_subagents.py)"
 python examples/planner_subagents.py --namespace "$team"
 

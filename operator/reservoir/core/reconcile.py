@@ -695,9 +695,9 @@ def _admit_one(
         policy=policy,
     )
     entry = _new_entry(facts, dict(spec.requests))
+    entry.first_reserved_at = now
     record_transition(entry, ClaimPhase.TENTATIVE, "Reserved", Trigger.ADMISSION, now)
     entry.phase = ClaimPhase.TENTATIVE
-    entry.first_reserved_at = now
     entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
     entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
     wanted = device_counts(spec.requests)
