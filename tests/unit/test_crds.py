@@ -89,6 +89,7 @@ OTHER_GRAMMARS = {
     "provider.statusURL": OPERATION_URL,
     "provider.cancelURL": OPERATION_URL,
     "upstream.requestId": REQUEST_ID,
+    "spec.result": REQUEST_ID,
     "upstream.ref.kind": KIND_NAME,
 }
 

@@ -75,7 +75,7 @@ def cond(kind: str, status: str = "True") -> dict[str, str]:
         ({"active": 1}, {}, S.RUNNING),
         ({"terminating": 1, "conditions": [cond("Suspended")]}, {"suspend": True}, S.RUNNING),
         ({}, {"suspend": True}, S.PENDING),
-        ({"conditions": [cond("Suspended")]}, {"suspend": True}, S.PENDING),
+        ({"conditions": [cond("Suspended")]}, {"suspend": True}, S.CANCELLED),
         ({}, {}, S.PENDING),
         ({"conditions": [cond("Failed", "False")]}, {}, S.PENDING),
     ],
@@ -431,7 +431,10 @@ async def test_an_unreadable_secret_says_which_and_what_to_do(code: int) -> None
         assert got.state is S.UNKNOWN and got.error is not None
         assert "Secret provider-token" in got.error and f"HTTP {code}" in got.error
         assert "providers.secrets" in got.error and len(got.error) <= MAX_ERROR_LENGTH
-        cancel = await client.forward_cancel("ns", http_claim(), policy, UpstreamCancel.SUSPEND)
+        done, cancel = await client.forward_cancel(
+            "ns", http_claim(), policy, UpstreamCancel.SUSPEND
+        )
+        assert not done
         assert cancel.startswith("not forwarded: Secret provider-token")
         assert provider.requests == []  # nothing sent without the token
     await client.aclose()
@@ -469,23 +472,27 @@ async def test_forwarding_a_cancel_over_http() -> None:
     with provider_server() as provider:
         policy = http_policy(provider.status_url, provider.cancel_url)
         how = UpstreamCancel.DELETE
-        assert (
-            await client.forward_cancel("ns", http_claim(), policy, how) == "requested (HTTP 202)"
+        assert await client.forward_cancel("ns", http_claim(), policy, how) == (
+            True,
+            "requested (HTTP 202)",
         )
         provider.on_cancel("op/1", 409)
-        assert await client.forward_cancel("ns", http_claim(), policy, how) == "refused (HTTP 409)"
+        assert await client.forward_cancel("ns", http_claim(), policy, how) == (
+            False,
+            "refused (HTTP 409)",
+        )
         assert provider.cancels("op/1") == 2
         assert {(r.method, r.path) for r in provider.requests} == {
             ("POST", "/operations/op%2F1/cancel")
         }
         no_cancel = http_policy(provider.status_url)
-        text = await client.forward_cancel("ns", http_claim(), no_cancel, how)
-        assert text == "not forwarded: the provider endpoint has no cancelURL"
-        never = await client.forward_cancel("ns", http_claim(), policy, UpstreamCancel.NEVER)
-        assert never.startswith("not forwarded") and provider.cancels("op/1") == 2
+        done, text = await client.forward_cancel("ns", http_claim(), no_cancel, how)
+        assert not done and text == "not forwarded: the provider endpoint has no cancelURL"
+        done, never = await client.forward_cancel("ns", http_claim(), policy, UpstreamCancel.NEVER)
+        assert not done and never.startswith("not forwarded") and provider.cancels("op/1") == 2
         url = provider.cancel_url
-    gone = await client.forward_cancel("ns", http_claim(), http_policy(url, url), how)
-    assert gone.startswith("not forwarded: provider unreachable")
+    done, gone = await client.forward_cancel("ns", http_claim(), http_policy(url, url), how)
+    assert not done and gone.startswith("not forwarded: provider unreachable")
     await client.aclose()
 
 
@@ -494,29 +501,32 @@ async def test_forwarding_a_cancel_to_objects() -> None:
     client = ProviderClient(kube)  # type: ignore[arg-type]
     kube.objects[("Job", "train-7")] = obj()
     suspend, delete = UpstreamCancel.SUSPEND, UpstreamCancel.DELETE
-    assert await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend) == "Job suspended"
+    suspended = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend)
+    assert suspended == (True, "suspended the Job")
     assert kube.calls[-1][:4] == ("patch", "Job", "train-7", {"spec": {"suspend": True}})
     assert kube.calls[-1][4]["namespace"] == "ns"
     assert kube.calls[-1][4]["patch_type"].value == "application/merge-patch+json"
-    assert await client.forward_cancel("ns", job_claim(), NO_PROVIDER, delete) == "Job deleted"
+    deleted = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, delete)
+    assert deleted == (True, "deleted Job train-7")
     assert kube.calls[-1][:3] == ("delete", "Job", "train-7")
     assert kube.calls[-1][3]["cascade"].value == "Background"
 
     pod = job_claim(apiVersion="v1", kind="Pod", name="w-1")
-    text = await client.forward_cancel("ns", pod, NO_PROVIDER, suspend)
+    done, text = await client.forward_cancel("ns", pod, NO_PROVIDER, suspend)
+    assert not done
     assert text == "not forwarded: a Pod cannot be suspended (policy Delete deletes it)"
     kube.objects[("Pod", "w-1")] = obj("Pod", "w-1")
-    assert await client.forward_cancel("ns", pod, NO_PROVIDER, delete) == "Pod deleted"
+    assert await client.forward_cancel("ns", pod, NO_PROVIDER, delete) == (True, "deleted Pod w-1")
 
     training = job_claim(apiVersion="example.com/v1", kind="Training", name="t1")
-    text = await client.forward_cancel("ns", training, NO_PROVIDER, suspend)
-    assert text == "not forwarded: only Jobs can be suspended"
-    text = await client.forward_cancel("ns", training, NO_PROVIDER, delete)
-    assert text == "not forwarded: Training t1 not found"
+    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, suspend)
+    assert (done, text) == (False, "not forwarded: only Jobs can be suspended")
+    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, delete)
+    assert (done, text) == (False, "not forwarded: Training t1 not found")
     kube.errors[("Training", "t1")] = api_error(403)
-    text = await client.forward_cancel("ns", training, NO_PROVIDER, delete)
-    assert text == "failed: Training t1: HTTP 403 Reason"
+    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, delete)
+    assert (done, text) == (False, "failed: Training t1: HTTP 403 Reason")
     kube.errors[("Job", "train-7")] = RuntimeError("x" * 500)
-    text = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend)
-    assert text.startswith("failed: RuntimeError") and len(text) <= MAX_ERROR_LENGTH
+    done, text = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend)
+    assert not done and text.startswith("failed: RuntimeError") and len(text) <= MAX_ERROR_LENGTH
     await client.aclose()

@@ -143,10 +143,10 @@ def test_a_cancel_is_forwarded_once_and_recorded_as_requested_not_confirmed() ->
     sim.cancel("a").reconcile()
     entry = sim.entry("a")
     assert entry.cancel_requested and entry.phase is P.COMMITTED
-    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded="Job suspended")
+    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded=(True, "suspended the Job"))
     sim.provider("a", answer(S.RUNNING)).reconcile()
     record = sim.entry("a").provider
-    assert record is not None and record.cancel == "Job suspended"
+    assert record is not None and record.cancel == "suspended the Job"
     assert record.cancel_forwarded_at == sim.now
     assert not sim.entry("a").phase.terminal, "a forwarded cancel is not a confirmation"
     sim.provider("a", answer(S.CANCELLED)).reconcile()
@@ -307,9 +307,141 @@ def test_a_cancel_is_forwarded_without_status_lookup_and_only_where_it_can_be() 
         update={"upstream": spec.upstream.model_copy(update={"supports_cancel": False})}
     )
     assert cancel_to_forward(sim.entry("a"), unsupported, policy) is None
-    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded="requested (HTTP 202)")
+    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded=(True, "requested (HTTP 202)"))
     sim.reconcile()
     record = sim.entry("a").provider
     assert record is not None and record.cancel == "requested (HTTP 202)"
     assert cancel_to_forward(sim.entry("a"), spec, policy) is None, "forwarded once"
     assert sim.phase("a") is P.COMMITTED
+
+
+# --- found by review ---------------------------------------------------------------------
+
+
+def test_a_late_answer_never_gives_back_usage_already_recorded() -> None:
+    for action, committed in (("Quarantine", "15"), ("Release", "15")):
+        sim = Sim(
+            default_lease_seconds=5, ambiguity_deadline_seconds=20, at_ambiguity_deadline=action
+        )
+        sim.create("a", upstream=JOB).reconcile().dispatch("a").reconcile()
+        sim.usage("a", "15").reconcile().tick(6).reconcile().tick(25).reconcile()
+        sim.provider("a", answer(S.SUCCEEDED)).tick(1).reconcile()
+        assert sim.total("committed") == committed, action
+
+
+def test_a_failed_lookup_after_an_old_answer_adjusts_nothing() -> None:
+    sim = Sim(default_lease_seconds=5, ambiguity_deadline_seconds=20)
+    sim.create("a", upstream=JOB).reconcile().dispatch("a").reconcile()
+    sim.usage("a", "15").reconcile().tick(6).reconcile()
+    sim.provider("a", answer(S.NEVER_STARTED)).reconcile()
+    assert sim.phase("a") is P.DETACHED, "contradicted by the recorded usage"
+    sim.provider("a", None).tick(25).reconcile()
+    assert sim.total("committed") == "20"
+    sim.provider("a", answer(S.UNKNOWN, error="HTTP 503")).tick(300).reconcile()
+    assert sim.entry("a").adjustment is None and sim.total("committed") == "20"
+
+
+def test_a_start_seen_while_detached_is_recorded_and_outweighs_never_started() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.RUNNING)).reconcile()
+    assert sim.entry("a").started_at is not None
+    sim.provider("a", answer(S.NEVER_STARTED)).tick(300).reconcile()
+    assert sim.phase("a") is P.DETACHED and sim.available() == "80"
+
+
+def test_lookups_of_a_compacted_record_are_recorded_and_back_off() -> None:
+    sim = Sim(**HTTP_POLICY)  # type: ignore[arg-type]
+    sim.create("a", upstream={"operationId": "op-1", "supportsStatus": True}).reconcile()
+    sim.dispatch("a").reconcile().tick(6).reconcile()
+    sim.provider("a", answer(S.RUNNING)).tick(1).reconcile()
+    sim.provider("a", None).tick(70).reconcile().mirror().tick(1).reconcile()
+    assert "a" not in sim.status.entries
+    policy, spec = sim.envelope.spec.policy, sim.claims["a"].spec
+    lookups = 0
+    for _ in range(20):
+        record = sim.entry("a")
+        due = needs_lookup(record, spec, policy) and (
+            record.provider is None
+            or record.provider.next_lookup_at is None
+            or sim.now >= record.provider.next_lookup_at
+        )
+        lookups += due
+        sim.provider("a", answer(S.RUNNING) if due else None).tick(0.05).reconcile().mirror()
+    assert lookups == 1, "one lookup, then the recorded backoff"
+    assert sim.last is not None and sim.last.wake_at is not None and sim.last.wake_at > sim.now
+
+
+def test_a_retry_waiting_for_devices_keeps_its_hold_from_other_branches() -> None:
+    sim = Sim({"tokens": "100", "nvidia.com/gpu": "4"}, default_lease_seconds=50)
+    gpu = {"tokens": "60", "nvidia.com/gpu": "1"}
+    sim.create("a1", gpu, branch="b", retry_window_seconds=300).reconcile()
+    sim.allocate("a1", devices=("gpu-0",)).reconcile().dispatch("a1").reconcile()
+    sim.usage("a1", "10", final=True, outcome="Failed").reconcile()
+    sim.tick(1).create("a2", gpu, branch="b", attempt=2).reconcile()
+    assert sim.phase("a2") is P.PENDING
+    hold = sim.entry("a1").retry
+    assert hold is not None and hold.active, "kept until the retry holds its devices"
+    sim.tick(1).create("x", {"tokens": "45"}, branch="other", priority=10).reconcile()
+    assert sim.phase("x") is P.PENDING
+    sim.allocate("a2", devices=("gpu-1",)).tick(1).reconcile()
+    assert sim.phase("a2") is P.TENTATIVE
+    assert sim.entry("a1").retry is not None and sim.entry("a1").retry.taken_by == "a2"  # type: ignore[union-attr]
+
+
+def test_a_retry_its_hold_covers_is_not_queued_behind_another_branch() -> None:
+    sim = Sim({"tokens": "100"}, default_lease_seconds=50)
+    sim.create("a1", {"tokens": "60"}, branch="b", retry_window_seconds=120).reconcile()
+    sim.dispatch("a1").reconcile().usage("a1", "10", final=True, outcome="Failed").reconcile()
+    sim.tick(1).create("x", {"tokens": "45"}, branch="other").reconcile()
+    assert sim.phase("x") is P.PENDING
+    sim.tick(1).create("a2", {"tokens": "60"}, branch="b", attempt=2).reconcile()
+    assert sim.phase("a2") is P.TENTATIVE
+
+
+def test_a_cancel_that_was_not_forwarded_is_tried_again() -> None:
+    from reservoir.core.provider import cancel_to_forward
+
+    sim = Sim(default_lease_seconds=30)
+    sim.create("a", upstream={**JOB, "supportsCancel": True}).reconcile()
+    sim.dispatch("a").reconcile().cancel("a").reconcile()
+    policy, spec = sim.envelope.spec.policy, sim.claims["a"].spec
+    failed = (False, "not forwarded: provider unreachable")
+    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded=failed)
+    sim.reconcile()
+    record = sim.entry("a").provider
+    assert record is not None and record.cancel_forwarded_at is None
+    assert "CancelNotForwarded" in sim.reasons("a") and "CancelForwarded" not in sim.reasons("a")
+    assert cancel_to_forward(sim.entry("a"), spec, policy) is not None, "tried again"
+    sim.reconcile()
+    assert sim.reasons("a").count("CancelNotForwarded") == 1, "one Event per new failure"
+
+
+def test_a_deferred_adjustment_is_the_same_whether_or_not_the_record_was_compacted() -> None:
+    import reservoir.core.reconcile as core
+
+    results = []
+    for compacted in (False, True):
+        sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=10))
+        sim.tick(11).reconcile()
+        if compacted:
+            sim.mirror().reconcile()
+        sim.usage("a", "5", final=True)
+        budget = core.LEDGER_BYTES_BUDGET
+        core.LEDGER_BYTES_BUDGET = 0  # no room to bring the record back this pass
+        try:
+            sim.reconcile()
+        finally:
+            core.LEDGER_BYTES_BUDGET = budget
+        sim.reconcile()
+        adjustment = sim.entry("a").adjustment
+        assert adjustment is not None
+        results.append((adjustment.applied, sim.available()))
+    assert results == [(True, "95"), (True, "95")]
+
+
+def test_free_texts_are_bounded_in_bytes() -> None:
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.UNKNOWN, error="é" * 200)).reconcile()
+    record = sim.entry("a").provider
+    assert record is not None and record.last_error is not None
+    assert len(record.last_error.encode()) <= 96

@@ -90,7 +90,14 @@ def base_bytes(dimensions: frozenset[str]) -> int:
 
 
 def entry_bytes(entry: LedgerEntry) -> int:
-    return ENTRY_KEY_BYTES + len(entry.model_dump_json(by_alias=True, exclude_none=True))
+    """Its size as etcd stores it: UTF-8 bytes, not characters (found by review)."""
+    return ENTRY_KEY_BYTES + len(entry.model_dump_json(by_alias=True, exclude_none=True).encode())
+
+
+def cut_bytes(text: str, limit: int) -> str:
+    """`text` cut to at most `limit` UTF-8 bytes (and so characters), never mid-character:
+    free texts the operator records are bounded in bytes, as the budget counts them."""
+    return text.encode()[:limit].decode(errors="ignore")
 
 
 def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
@@ -148,4 +155,4 @@ def ledger_bytes(entries: Iterable[LedgerEntry], dimensions: frozenset[str]) -> 
 
 def status_bytes(status: ReservationEnvelopeStatus) -> int:
     """What the status takes now, as written."""
-    return len(status.model_dump_json(by_alias=True, exclude_none=True))
+    return len(status.model_dump_json(by_alias=True, exclude_none=True).encode())

@@ -37,6 +37,7 @@ from decimal import Decimal
 
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.ledger import ZERO, add, render, subtract
+from reservoir.core.ledgersize import cut_bytes
 from reservoir.core.model import (
     MAX_ERROR_LENGTH,
     MAX_RESULT_LENGTH,
@@ -104,7 +105,8 @@ class ClaimFacts:
     devices: DeviceFacts | None = None  # what its ResourceClaim shows now, if it has one
     problem: str | None = None  # parts of the spec the operator could not read, and why
     provider: ProviderAnswer | None = None  # a provider lookup made for this pass, if any
-    cancel_forwarded: str | None = None  # what forwarding its cancel upstream did, this pass
+    # Forwarding its cancel upstream in this pass: whether it went through, and what it did.
+    cancel_forwarded: tuple[bool, str] | None = None
     # An older claim of the namespace with the same upstream.requestId (its name), if any.
     duplicate_of: str | None = None
 
@@ -269,17 +271,20 @@ def advance(
     renewals_open: bool = True,
     dimensions: frozenset[str] | None = None,
     room: dict[str, Decimal] | None = None,
+    adjust: bool = True,
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
     deleting): its claims' leases are not extended. `dimensions` are the envelope's
     resources, the only ones reports are recorded over. `room` is what the envelope has
-    available for a late completion's charge (drawn down here); None: it cannot adjust."""
+    available for a late completion's charge (drawn down here); None: it cannot adjust,
+    only record. `adjust` False defers a late completion to a later pass altogether."""
     step = Step(entry, facts, now, dimensions)
     if entry.phase.terminal:
         record_answer(step, policy)
         record_after_settlement(step)
-        adjust_late(step, policy, room)
+        if adjust:
+            adjust_late(step, policy, room)
         close_retry_window(step, renewals_open)
         return step.events
 
@@ -342,7 +347,7 @@ def record_answer(step: Step, policy: EnvelopePolicy) -> None:
     if answer is None or not needs_lookup(entry, step.facts.spec, policy):
         return
     record = (entry.provider or ProviderRecord()).model_copy(deep=True)
-    error = answer.error[:MAX_ERROR_LENGTH] if answer.error else None
+    error = cut_bytes(answer.error, MAX_ERROR_LENGTH) if answer.error else None
     changed = error != record.last_error or (error is None and answer.state != record.state)
     if changed or lookup_due(entry, step.now):
         if error is not None:
@@ -355,7 +360,7 @@ def record_answer(step: Step, policy: EnvelopePolicy) -> None:
                 step.note("ProviderAnswered", f"the provider says {answer.state.value}")
             record.failures, record.last_error, record.state = 0, None, answer.state
             if answer.state.terminal and entry.result is None and answer.result:
-                entry.result = answer.result[:MAX_RESULT_LENGTH]
+                entry.result = cut_bytes(answer.result, MAX_RESULT_LENGTH)
             if answer.state.terminal and not entry.phase.terminal:
                 record_running_max(entry, step.kept(answer.usage))
         record.lookups += 1
@@ -373,15 +378,20 @@ def record_cancel_forwarded(step: Step) -> None:
         return
     if entry.provider is not None and entry.provider.cancel_forwarded_at is not None:
         return
+    done, text = forwarded[0], cut_bytes(forwarded[1], MAX_ERROR_LENGTH)
     record = (entry.provider or ProviderRecord()).model_copy(deep=True)
-    record.cancel_forwarded_at = step.now
-    record.cancel = forwarded[:MAX_ERROR_LENGTH]
-    entry.provider = record
-    step.note(
-        "CancelForwarded",
-        f"cancel forwarded upstream: {record.cancel} (requested, not confirmed: the "
-        "capacity waits for a terminal answer, a final report or the deadline)",
-    )
+    if done:
+        record.cancel_forwarded_at = step.now
+        step.note(
+            "CancelForwarded",
+            f"cancel forwarded upstream: {text} (requested, not confirmed: the capacity "
+            "waits for a terminal answer, a final report or the deadline)",
+        )
+    elif text != record.cancel:
+        step.note("CancelNotForwarded", f"cancel not forwarded (tried again): {text}", True)
+    record.cancel = text
+    if record != entry.provider:
+        entry.provider = record
 
 
 def expire_lease(step: Step) -> None:
@@ -495,12 +505,18 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
     record_cancel_forwarded(step)
     record_answer(step, policy)
     said = provider_says(entry)
-    if entry.phase is ClaimPhase.COMMITTED and (
-        shows_execution(facts) or said is ProviderState.RUNNING
-    ):
+    started = shows_execution(facts) or said is ProviderState.RUNNING
+    if started and entry.started_at is None:
+        # Recorded in any committed phase: evidence that it ran is never lost because it
+        # came while the claim was Detached (found by review).
         entry.started_at = step.now
         trigger = Trigger.PROVIDER if not shows_execution(facts) else commit_trigger(facts)
-        step.move(ClaimPhase.RUNNING, "ExecutionStarted", "execution confirmed started", trigger)
+        if entry.phase is ClaimPhase.COMMITTED:
+            step.move(
+                ClaimPhase.RUNNING, "ExecutionStarted", "execution confirmed started", trigger
+            )
+        else:
+            step.note("ExecutionStarted", "execution confirmed started (while Detached)")
     if spec.final:
         reason = "SettledAfterDetach" if entry.phase is ClaimPhase.DETACHED else "Completed"
         settle(step, ClaimPhase.CONSUMED, reason, dict(entry.usage), spec.outcome)
@@ -714,17 +730,20 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
     settled = entry.settlement
     if settled is None or entry.adjustment is not None or settled.reason not in DEADLINE_REASONS:
         return
-    said = provider_says(entry)
+    answer = facts.provider
     if facts.spec.final:
         usage, outcome, trigger = step.kept(facts.spec.usage), facts.spec.outcome, Trigger.WORKER
-    elif said is not None and said.terminal and facts.provider is not None:
-        usage = step.kept(facts.provider.usage)
-        outcome, trigger = facts.provider.outcome, Trigger.PROVIDER
+    elif answer is not None and answer.error is None and answer.state.terminal:
+        # This pass's own answer: a failed lookup after an old one decides nothing.
+        usage, outcome, trigger = step.kept(answer.usage), answer.outcome, Trigger.PROVIDER
     else:
         return
-    used = {k: min(usage.get(k, ZERO), r) for k, r in entry.reserved.items()}
-    if said is ProviderState.NEVER_STARTED and trigger is Trigger.PROVIDER:
-        used = {k: ZERO for k in entry.reserved}
+    # What it used is at least what was recorded as used: a completion that reports less
+    # (or nothing, or "never started") never gives back reported usage (found by review).
+    used = {
+        k: min(max(usage.get(k, ZERO), entry.usage.get(k, ZERO)), r)
+        for k, r in entry.reserved.items()
+    }
     applied = policy.late_completion is LateCompletion.ADJUST and room is not None
     returned = {k: v for k, v in subtract(entry.consumed, used).items() if v > ZERO}
     owed = {k: v for k, v in subtract(used, entry.consumed).items() if v > ZERO}

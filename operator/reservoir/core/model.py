@@ -1259,7 +1259,9 @@ class BranchClaimSpec(Model):
         default=None,
         min_length=1,
         max_length=MAX_RESULT_LENGTH,
-        description="A durable reference to the branch's result (a URI or an object's name), "
+        pattern=REQUEST_ID,
+        description="A durable reference to the branch's result (a URI or an object's name, "
+        "printable ASCII), "
         "reported with or before the final report. Recorded in status.result and kept "
         "after settlement, so a client that reconnects finds the outcome by the claim's "
         "name. Set once.",

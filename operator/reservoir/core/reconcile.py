@@ -48,7 +48,7 @@ from reservoir.core.budgets import (
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
-from reservoir.core.ledger import add, compute_totals, one_line, subtract
+from reservoir.core.ledger import add, compute_totals, fits, one_line, subtract
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
@@ -264,12 +264,12 @@ def reconcile(
             continue
         record = record.model_copy(deep=True)
         was_adjusted = record.adjustment is not None
-        could_adjust = room is not None and _has_room_for(ledger, record, dimensions)
-        events = advance(
-            record, facts, policy, now, renewals_open, dimensions, room if could_adjust else None
-        )
-        if not events:
-            continue
+        # An adjustment that moves capacity waits until the record fits back in the
+        # ledger: deferred, never recorded as "not applied" for a momentary lack of room.
+        adjust = room is None or _has_room_for(ledger, record, dimensions)
+        events = advance(record, facts, policy, now, renewals_open, dimensions, room, adjust)
+        if record == facts.settled_record:
+            continue  # nothing new: its status already says all of it
         result.events += events
         if not was_adjusted and record.adjustment is not None and record.adjustment.applied:
             committed = _adjusted(committed, record)
@@ -672,20 +672,21 @@ def _admit_one(
             f"still pending after {policy.max_queue_seconds}s",
         )
         return blocked_by
-    if blocked_by is not None:
+    entries = result.status.entries
+    # A retry of a failed attempt may use what that attempt kept for it, ahead of the
+    # queue when that is enough (the hold is its own).
+    kept = _retry_hold_for(entries.values(), facts)
+    balance = add(available, kept.resources) if kept is not None else available
+    if blocked_by is not None and not (kept is not None and fits(spec.requests, balance)):
         result.pending[facts.uid] = Admission(
             False, "Queued", f"queued behind {blocked_by} (priority, then age)"
         )
         return blocked_by
 
-    entries = result.status.entries
     # Claims waiting for their devices in this pass count as admitted for the caps: each
     # has devices being allocated for it (found by review: caps were bypassed, and which
     # placeholder bound first decided the queue order).
     live = [e for e in entries.values() if e.phase.holds_capacity] + result.awaiting
-    # A retry of a failed attempt may use what that attempt kept for it.
-    kept = _retry_hold_for(entries.values(), facts)
-    balance = add(available, kept.resources) if kept is not None else available
     decision = admission(
         spec.requests,
         balance,
@@ -709,7 +710,8 @@ def _admit_one(
     ):
         # Its logical room is kept while the scheduler looks for devices: the claim is
         # admitted on the recorded allocation, never reported as held before it.
-        available.update(subtract(_take(available, kept, facts), spec.requests))
+        # The hold stays the failed attempt's until this one holds its devices (review).
+        available.update(subtract(balance, spec.requests))
         result.device_holds[facts.uid] = wanted
         result.awaiting.append(entry)
         result.room_bytes -= projected_bytes(entry, result.dimensions)

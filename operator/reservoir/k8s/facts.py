@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from reservoir.core.claimstatus import settled_record
+from reservoir.core.ledgersize import cut_bytes
 from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
@@ -153,7 +154,8 @@ def heartbeat_token(lease: Mapping[str, Any] | None) -> str | None:
     renew = spec.get("renewTime")
     if not renew:
         return None
-    return f"{renew}/{spec.get('holderIdentity', '')}/{spec.get('leaseTransitions', 0)}"[:128]
+    token = f"{renew}/{spec.get('holderIdentity', '')}/{spec.get('leaseTransitions', 0)}"
+    return cut_bytes(token, 128)
 
 
 STARTED_PHASES = ("Running", "Succeeded", "Failed")

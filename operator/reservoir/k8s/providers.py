@@ -66,6 +66,13 @@ _RESOURCE_NAME = re.compile(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,
 _API_VERSION = re.compile(r"(([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/)?v[0-9]+[a-z0-9]*")
 
 
+# What a forwarded cancel says (anything else was not forwarded, and is tried again).
+REQUESTED = "requested"
+SUSPENDED = "suspended the Job"
+DELETED = "deleted"
+FORWARDED = (REQUESTED, SUSPENDED, DELETED)
+
+
 def cut(text: str, bound: int = MAX_ERROR_LENGTH) -> str:
     """At most `bound` characters (the status fields' bounds)."""
     return text if len(text) <= bound else text[: bound - 1] + "…"
@@ -143,14 +150,22 @@ def _count(value: object) -> int:
 
 def job_answer(obj: Mapping[str, Any]) -> ProviderAnswer:
     """A batch/v1 Job: Complete or SuccessCriteriaMet -> Succeeded; Failed or FailureTarget
-    -> Failed; active (or terminating) pods or a start time -> Running; otherwise (queued,
-    or suspended before it started) Pending."""
+    -> Failed; Suspended with no pods left -> Cancelled; active (or terminating) pods or a
+    start time -> Running; otherwise (queued) Pending."""
     status = _mapping(obj.get("status"))
     true = _true_conditions(status)
     if true & {"Complete", "SuccessCriteriaMet"}:
         state = ProviderState.SUCCEEDED
     elif true & {"Failed", "FailureTarget"}:
         state = ProviderState.FAILED
+    elif (
+        "Suspended" in true
+        and _count(status.get("active")) == 0
+        and _count(status.get("terminating")) == 0
+    ):
+        # Suspended, and no pod of it is left running: it stopped (a cancel forwarded as
+        # a suspension is confirmed here). What it used is what was reported.
+        state = ProviderState.CANCELLED
     elif (
         _count(status.get("active")) > 0
         or _count(status.get("terminating")) > 0
@@ -382,27 +397,27 @@ class ProviderClient:
 
     async def forward_cancel(
         self, namespace: str, spec: BranchClaimSpec, policy: EnvelopePolicy, how: UpstreamCancel
-    ) -> str:
-        """Ask the provider to cancel; what was done, in a few words (never raises).
-        Whatever it says, the cancel is only requested: the answer comes by lookup."""
+    ) -> tuple[bool, str]:
+        """Ask the provider to cancel: whether it was forwarded, and what was done, in a few
+        words (never raises). Even when forwarded, the cancel is only requested: the answer
+        comes by lookup. One that was not forwarded is tried again on a later pass."""
         try:
             text = await self._forward_cancel(namespace, spec, policy, how)
         except ProviderError as error:
             text = f"not forwarded: {error}"
         except Exception as error:  # never raise
             text = f"failed: {type(error).__name__}: {error}"
-        return cut(text)
+        return text.startswith(FORWARDED), cut(text)
 
     async def _forward_cancel(
         self, namespace: str, spec: BranchClaimSpec, policy: EnvelopePolicy, how: UpstreamCancel
     ) -> str:
         if how is UpstreamCancel.NEVER:
             return "not forwarded: the envelope's upstreamCancel is Never"
-        adapter = adapter_for(spec, policy)
         ref, endpoint, operation = spec.upstream.ref, policy.provider, spec.upstream.operation_id
-        if adapter is Adapter.OBJECT and ref is not None:
+        if ref is not None:
             return await self._cancel_object(namespace, ref, how)
-        if adapter is Adapter.HTTP and endpoint is not None and operation:
+        if endpoint is not None and operation:  # a cancel needs no status lookup
             return await self._cancel_http(namespace, endpoint, operation)
         return "not forwarded: no upstream.ref, and no provider endpoint"
 
@@ -417,7 +432,7 @@ class ProviderClient:
         except httpx2.HTTPError as error:
             return f"not forwarded: provider unreachable: {type(error).__name__}: {error}"
         code = response.status_code
-        return f"requested (HTTP {code})" if 200 <= code < 300 else f"refused (HTTP {code})"
+        return f"{REQUESTED} (HTTP {code})" if 200 <= code < 300 else f"refused (HTTP {code})"
 
     async def _cancel_object(self, namespace: str, ref: ObjectRef, how: UpstreamCancel) -> str:
         try:
@@ -430,7 +445,7 @@ class ProviderClient:
                         namespace=namespace,
                         patch_type=PatchType.MERGE,
                     )
-                    return "Job suspended"
+                    return SUSPENDED
                 if is_pod(ref):
                     return "not forwarded: a Pod cannot be suspended (policy Delete deletes it)"
                 return "not forwarded: only Jobs can be suspended"
@@ -441,7 +456,7 @@ class ProviderClient:
             await self.client.delete(
                 resource, ref.name, namespace=namespace, cascade=CascadeType.BACKGROUND
             )
-            return f"{ref.kind} deleted"
+            return f"{DELETED} {ref.kind} {ref.name}"
         except ApiError as error:
             if error.status.code == 404:
                 return f"not forwarded: {ref.kind} {ref.name} not found"
