@@ -75,7 +75,7 @@ def cond(kind: str, status: str = "True") -> dict[str, str]:
         ({"active": 1}, {}, S.RUNNING),
         ({"terminating": 1, "conditions": [cond("Suspended")]}, {"suspend": True}, S.RUNNING),
         ({}, {"suspend": True}, S.PENDING),
-        ({"conditions": [cond("Suspended")]}, {"suspend": True}, S.CANCELLED),
+        ({"conditions": [cond("Suspended")]}, {"suspend": True}, S.PENDING),
         ({}, {}, S.PENDING),
         ({"conditions": [cond("Failed", "False")]}, {}, S.PENDING),
     ],
@@ -530,3 +530,15 @@ async def test_forwarding_a_cancel_to_objects() -> None:
     done, text = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend)
     assert not done and text.startswith("failed: RuntimeError") and len(text) <= MAX_ERROR_LENGTH
     await client.aclose()
+
+
+def test_a_suspended_job_is_cancelled_only_when_the_operator_suspended_it() -> None:
+    from reservoir.k8s.providers import job_answer
+
+    suspended = obj(status={"conditions": [cond("Suspended")]}, spec={"suspend": True})
+    assert job_answer(suspended).state is S.PENDING, "queued (say, by Kueue)"
+    assert job_answer(suspended, suspended_by_cancel=True).state is S.CANCELLED
+    stopping = obj(
+        status={"terminating": 1, "conditions": [cond("Suspended")]}, spec={"suspend": True}
+    )
+    assert job_answer(stopping, suspended_by_cancel=True).state is S.RUNNING, "pods remain"

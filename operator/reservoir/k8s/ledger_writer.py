@@ -41,6 +41,7 @@ from reservoir.core.model import (
     ParentKind,
     ParentRecord,
     ReservationEnvelopeStatus,
+    UpstreamCancel,
 )
 from reservoir.core.policy import settlement_due
 from reservoir.core.provider import (
@@ -375,7 +376,13 @@ class LedgerWriter:
                 forwarded = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
                 fact = replace(fact, cancel_forwarded=forwarded)
             if lookup:
-                answer = await self.providers.look_up(namespace, fact.spec, policy)
+                record = entry.provider
+                suspended = (
+                    record is not None
+                    and record.cancel_forwarded_at is not None
+                    and policy.upstream_cancel is UpstreamCancel.SUSPEND
+                )
+                answer = await self.providers.look_up(namespace, fact.spec, policy, suspended)
                 result = "failed" if answer.error else "answered"
                 metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
                 fact = replace(fact, provider=answer)

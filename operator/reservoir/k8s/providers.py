@@ -148,10 +148,11 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def job_answer(obj: Mapping[str, Any]) -> ProviderAnswer:
+def job_answer(obj: Mapping[str, Any], suspended_by_cancel: bool = False) -> ProviderAnswer:
     """A batch/v1 Job: Complete or SuccessCriteriaMet -> Succeeded; Failed or FailureTarget
-    -> Failed; Suspended with no pods left -> Cancelled; active (or terminating) pods or a
-    start time -> Running; otherwise (queued) Pending."""
+    -> Failed; suspended by the operator's cancel with no pods left -> Cancelled; active
+    (or terminating) pods or a start time -> Running; otherwise (queued, or suspended by
+    someone else) Pending."""
     status = _mapping(obj.get("status"))
     true = _true_conditions(status)
     if true & {"Complete", "SuccessCriteriaMet"}:
@@ -159,12 +160,14 @@ def job_answer(obj: Mapping[str, Any]) -> ProviderAnswer:
     elif true & {"Failed", "FailureTarget"}:
         state = ProviderState.FAILED
     elif (
-        "Suspended" in true
+        suspended_by_cancel
+        and "Suspended" in true
         and _count(status.get("active")) == 0
         and _count(status.get("terminating")) == 0
     ):
-        # Suspended, and no pod of it is left running: it stopped (a cancel forwarded as
-        # a suspension is confirmed here). What it used is what was reported.
+        # The operator suspended it to forward a cancel, and no pod of it is left: the
+        # cancellation is confirmed. (A Job suspended otherwise, say created suspended and
+        # queued by Kueue, is only Pending.) What it used is what was reported.
         state = ProviderState.CANCELLED
     elif (
         _count(status.get("active")) > 0
@@ -219,12 +222,14 @@ def is_pod(ref: ObjectRef) -> bool:
     return ref.api_version == "v1" and ref.kind == "Pod"
 
 
-def object_answer(ref: ObjectRef, obj: Mapping[str, Any] | None) -> ProviderAnswer:
+def object_answer(
+    ref: ObjectRef, obj: Mapping[str, Any] | None, suspended_by_cancel: bool = False
+) -> ProviderAnswer:
     """The answer of the object `ref` names (None: it does not exist)."""
     if obj is None:
         return failed(f"{ref.kind} {ref.name} not found")
     if is_job(ref):
-        return job_answer(obj)
+        return job_answer(obj, suspended_by_cancel)
     if is_pod(ref):
         return pod_answer(obj)
     return conditions_answer({**obj, "kind": ref.kind})
@@ -329,8 +334,14 @@ class ProviderClient:
         await self.http.aclose()
 
     async def look_up(
-        self, namespace: str, spec: BranchClaimSpec, policy: EnvelopePolicy
+        self,
+        namespace: str,
+        spec: BranchClaimSpec,
+        policy: EnvelopePolicy,
+        suspended_by_cancel: bool = False,
     ) -> ProviderAnswer:
+        """`suspended_by_cancel`: the claim's cancel was forwarded by suspending its Job, so
+        a suspended Job with no pods left confirms the cancellation."""
         try:
             adapter = adapter_for(spec, policy)
             ref, endpoint, operation = (
@@ -339,7 +350,7 @@ class ProviderClient:
                 spec.upstream.operation_id,
             )
             if adapter is Adapter.OBJECT and ref is not None:
-                return await self._look_up_object(namespace, ref)
+                return await self._look_up_object(namespace, ref, suspended_by_cancel)
             if adapter is Adapter.HTTP and endpoint is not None and operation:
                 return await self._look_up_http(namespace, endpoint, operation)
             return failed("nothing to look up: no upstream.ref, and no provider endpoint")
@@ -348,7 +359,9 @@ class ProviderClient:
         except Exception as error:  # never raise: a lookup that failed is an answer
             return failed(f"lookup failed: {type(error).__name__}: {error}")
 
-    async def _look_up_object(self, namespace: str, ref: ObjectRef) -> ProviderAnswer:
+    async def _look_up_object(
+        self, namespace: str, ref: ObjectRef, suspended_by_cancel: bool
+    ) -> ProviderAnswer:
         try:
             resource = resource_for(ref)
         except ValueError as error:
@@ -359,7 +372,7 @@ class ProviderClient:
             if error.status.code == 404:
                 return object_answer(ref, None)
             return failed(_api_failure(f"reading {ref.kind} {ref.name}", error))
-        return object_answer(ref, _as_mapping(obj))
+        return object_answer(ref, _as_mapping(obj), suspended_by_cancel)
 
     async def _look_up_http(
         self, namespace: str, endpoint: ProviderEndpoint, operation: str
