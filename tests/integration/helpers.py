@@ -74,6 +74,11 @@ def wait_phase(sdk: Reservoir, claim: ClaimView | str, phase: str, within: float
 
 
 def events_of(cluster: ClusterHandle, ns: str, name: str) -> list[str]:
+    return [reason for reason, _ in events_with_messages(cluster, ns, name)]
+
+
+def events_with_messages(cluster: ClusterHandle, ns: str, name: str) -> list[tuple[str, str]]:
+    """The Events about an object: (reason, message) each."""
     listing = json.loads(
         cluster.kubectl(
             "get",
@@ -86,7 +91,7 @@ def events_of(cluster: ClusterHandle, ns: str, name: str) -> list[str]:
             "json",
         )
     )
-    return [e["reason"] for e in listing["items"]]
+    return [(e["reason"], e.get("message", "")) for e in listing["items"]]
 
 
 def committed_claim(

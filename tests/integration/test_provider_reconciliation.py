@@ -26,6 +26,7 @@ from tests.integration.conftest import OperatorProcess, StartOperator, _free_por
 from tests.integration.helpers import (
     create_envelope,
     events_of,
+    events_with_messages,
     eventually,
     settled_ledger,
     totals,
@@ -186,22 +187,6 @@ def poke(cluster: ClusterHandle, ns: str, claim: str, n: int) -> None:
     cluster.kubectl(
         "annotate", "bclaim", claim, "-n", ns, f"test.reservoir.dev/poke={n}", "--overwrite"
     )
-
-
-def events(cluster: ClusterHandle, ns: str, name: str) -> list[tuple[str, str]]:
-    listing = json.loads(
-        cluster.kubectl(
-            "get",
-            "events",
-            "-n",
-            ns,
-            "--field-selector",
-            f"involvedObject.name={name}",
-            "-o",
-            "json",
-        )
-    )
-    return [(e["reason"], e.get("message", "")) for e in listing["items"]]
 
 
 def condition(view: ClaimView, kind: str) -> tuple[str, str, str] | None:
@@ -475,7 +460,7 @@ def test_a_cancel_is_forwarded_to_a_job_by_suspending_or_deleting_it_per_policy(
         assert claim.condition("CancelRequested"), name
         assert claim.status.settlement is None and claim.phase.holds_capacity, name
     for name, forwarded in (("s", 1), ("d", 1), ("n", 0)):
-        reasons = [r for r, _ in events(cluster, ns, name)]
+        reasons = events_of(cluster, ns, name)
         assert reasons.count("CancelForwarded") == forwarded, (name, reasons)
     settled_ledger(sdk, "wfs", reserved="20", committed="0", available="20")
     settled_ledger(sdk, "wfd", reserved="20", committed="0", available="20")
@@ -974,7 +959,7 @@ def test_a_second_claim_with_the_same_request_id_is_rejected_naming_the_first(
         messages = eventually(
             f"{name}'s rejection announced",
             lambda name=name: [
-                m for r, m in events(cluster, ns, name) if r == "DuplicateRequestId"
+                m for r, m in events_with_messages(cluster, ns, name) if r == "DuplicateRequestId"
             ],
         )
         assert "'first'" in messages[0] and "req-7" in messages[0], messages
