@@ -5,7 +5,13 @@ from __future__ import annotations
 import pytest
 
 from reservoir.core.model import ClaimPhase, Outcome, Trigger
-from reservoir.sdk import ClaimExistsError, LeaseUncertainError, Reservoir, StaleClaimError
+from reservoir.sdk import (
+    ClaimExistsError,
+    DuplicateRequestIdError,
+    LeaseUncertainError,
+    Reservoir,
+    StaleClaimError,
+)
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
 from tests.integration.helpers import create_envelope, eventually, plugin, wait_phase
@@ -157,6 +163,13 @@ def test_hold_records_the_request_id_on_the_claim(
     with pytest.raises(ClaimExistsError) as raised:
         sdk.hold("wf", "search", {"tokens": "20"}, name="x", request_id="req-other")
     assert raised.value.differences == ("spec.upstream.requestId",)
+    # Another claim with the same request id is refused before anything is written.
+    with pytest.raises(DuplicateRequestIdError) as duplicate:
+        sdk.hold("wf", "search", {"tokens": "20"}, name="y", request_id="req-7f3a")
+    assert duplicate.value.claim == "x" and "branchclaim/x" in str(duplicate.value)
+    assert "y" not in cluster.kubectl("get", "bclaim", "-n", ns, "-o", "name").split("/")
+    with pytest.raises(DuplicateRequestIdError):
+        sdk.hold("wf", "search", {"tokens": "20"}, request_id="req-7f3a")  # generated name
 
 
 def test_a_settled_claims_result_and_history_outlive_its_worker(

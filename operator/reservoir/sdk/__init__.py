@@ -5,6 +5,7 @@ from reservoir.sdk.client import AsyncReservoir, Reservoir
 from reservoir.sdk.errors import (
     ClaimExistsError,
     ClaimNotFoundError,
+    DuplicateRequestIdError,
     LeaseUncertainError,
     NotReservedError,
     ReservoirError,
@@ -18,6 +19,7 @@ __all__ = [
     "ClaimExistsError",
     "ClaimNotFoundError",
     "ClaimView",
+    "DuplicateRequestIdError",
     "EnvelopeTree",
     "EnvelopeView",
     "LeaseUncertainError",

@@ -105,6 +105,7 @@ from reservoir.k8s.resources import (
 from reservoir.sdk.errors import (
     ClaimExistsError,
     ClaimNotFoundError,
+    DuplicateRequestIdError,
     LeaseUncertainError,
     NotReservedError,
     ReservoirError,
@@ -373,6 +374,8 @@ class AsyncReservoir:
             labels={ENVELOPE_LABEL: envelope},
         )
         body = BranchClaim(metadata=metadata, spec=spec.to_api())
+        if spec.upstream.request_id is not None:
+            await self._refuse_duplicate_request(spec.upstream.request_id, name)
         for _ in range(FENCED_RETRIES):
             try:
                 created = await self.client.create(body)
@@ -389,6 +392,23 @@ class AsyncReservoir:
         raise StaleClaimError(
             f"branchclaim/{name}: created and deleted under us {FENCED_RETRIES} times"
         )
+
+    async def _refuse_duplicate_request(self, request_id: str, name: str | None) -> None:
+        """The earliest place to say it: another claim of the namespace already carries
+        this idempotency key (a claim the operator rejected for it does not count)."""
+        async for claim in self.client.list(
+            BranchClaim, namespace=self.namespace, fields={"spec.upstream.requestId": request_id}
+        ):
+            body = as_dict(claim)
+            other = body["metadata"]["name"]
+            reason = ((body.get("status") or {}).get("settlement") or {}).get("reason")
+            if other != name and reason != "DuplicateRequestId":
+                raise DuplicateRequestIdError(
+                    f"upstream.requestId {request_id!r} is already branchclaim/{other}: "
+                    "this submission was made before; use that claim, or a new requestId "
+                    "for a new attempt",
+                    claim=other,
+                )
 
     async def dispatch(self, claim: ClaimView) -> ClaimView:
         """Cross the commit point: `spec.dispatch: true`. Only for a claim that holds

@@ -36,3 +36,14 @@ class ClaimExistsError(ReservoirError):
         super().__init__(message)
         self.name = name
         self.differences = differences
+
+
+class DuplicateRequestIdError(ReservoirError):
+    """Another claim of the namespace already carries this `upstream.requestId`: the
+    submission was made before. Use that claim (`claim` names it), or a new requestId for a
+    new attempt. (The operator rejects such a claim anyway, with reason DuplicateRequestId:
+    the SDK only says so before writing.)"""
+
+    def __init__(self, message: str, claim: str = "") -> None:
+        super().__init__(message)
+        self.claim = claim
