@@ -587,6 +587,11 @@ STATELESS_EXAMPLES = [
     ("ReservationEnvelope", "resource names look like", {"capacity": {"tok ens!": "1"}}),
     ("ReservationEnvelope", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
     (
+        "BranchClaim",
+        "apiVersion is required for kinds other than Job",
+        {"upstream": {"ref": {"kind": "Training", "name": "t1"}}},
+    ),
+    (
         "ReservationEnvelope",
         "statusURL names {operationId}",
         {"policy": {"provider": {"statusURL": "https://provider.example/ops"}}},

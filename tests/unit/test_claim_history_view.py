@@ -7,7 +7,7 @@ Records are built from the models; the SDK runs over a fake lightkube client tha
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -365,6 +365,18 @@ class FakeClient:
         self.created.append(body)
         self.objects[(BranchClaim, name)] = body
         return body
+
+    async def list(
+        self, kind: Any, namespace: str | None = None, fields: dict[str, str] | None = None
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Claims by `spec.upstream.requestId`, the one field selector the SDK uses (the
+        value unescaped as the API server does)."""
+        wanted = (fields or {}).get("spec.upstream.requestId", "")
+        wanted = wanted.replace("\\=", "=").replace("\\,", ",").replace("\\\\", "\\")
+        for (stored_kind, _), obj in list(self.objects.items()):
+            upstream = (obj.get("spec") or {}).get("upstream") or {}
+            if stored_kind is kind and upstream.get("requestId") == wanted:
+                yield obj
 
     async def get(self, kind: Any, name: str, namespace: str | None = None) -> dict[str, Any]:
         try:

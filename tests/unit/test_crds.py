@@ -9,11 +9,14 @@ import yaml
 
 from reservoir import crdgen
 from reservoir.core.model import (
+    API_VERSION_PATTERN,
     DEVICE_ATTRIBUTE_VALUE,
     KIND_NAME,
     NAMESPACE_NAME,
+    OBJECT_NAME,
     OPERATION_URL,
     REQUEST_ID,
+    SECRET_KEY,
 )
 from reservoir.core.quantity import MAX_QUANTITY, QUANTITY_PATTERN, parse_quantity
 
@@ -90,6 +93,10 @@ OTHER_GRAMMARS = {
     "provider.cancelURL": OPERATION_URL,
     "upstream.requestId": REQUEST_ID,
     "spec.result": REQUEST_ID,
+    "upstream.ref.name": OBJECT_NAME,
+    "upstream.ref.apiVersion": API_VERSION_PATTERN,
+    "tokenSecret.name": OBJECT_NAME,
+    "tokenSecret.key": SECRET_KEY,
     "upstream.ref.kind": KIND_NAME,
 }
 

@@ -14,6 +14,7 @@ import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 from lightkube.resources.core_v1 import Secret
+from pydantic import ValidationError
 
 from reservoir.core.model import (
     MAX_ERROR_LENGTH,
@@ -282,8 +283,13 @@ def test_plurals_and_resources() -> None:
     generic = resource_for(ObjectRef(api_version="example.com/v1", kind="Training", name="x"))
     assert generic._api_info.plural == "trainings"
     assert generic._api_info.resource.group == "example.com"
+    with pytest.raises(ValidationError):  # the schema refuses it first
+        ObjectRef(api_version="a/b/v1", kind="Training", name="x")
+    forged = ObjectRef.model_construct(api_version="a/b/v1", kind="Training", name="x")
     with pytest.raises(ValueError, match="apiVersion"):
-        resource_for(ObjectRef(api_version="a/b/v1", kind="Training", name="x"))
+        resource_for(forged)  # and the adapter, had it been let through
+    with pytest.raises(ValueError, match="apiVersion"):
+        resource_for(ObjectRef.model_construct(api_version=None, kind="Training", name="x"))
 
 
 # --- ProviderClient: I/O, never raising ----------------------------------------------------
@@ -542,3 +548,57 @@ def test_a_suspended_job_is_cancelled_only_when_the_operator_suspended_it() -> N
         status={"terminating": 1, "conditions": [cond("Suspended")]}, spec={"suspend": True}
     )
     assert job_answer(stopping, suspended_by_cancel=True).state is S.RUNNING, "pods remain"
+
+
+# --- found by review: names that leave the namespace, selectors, floods ----------------
+
+
+def test_names_that_would_leave_the_namespace_are_refused_by_schema_and_adapter() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from reservoir.core.model import ObjectRef, SecretKeyRef
+    from reservoir.k8s.providers import checked_name, resource_for
+
+    for bad in ("../../victim/jobs/x", "a/b", "Upper", "x..", ""):
+        with pytest.raises(ValidationError):
+            ObjectRef(name=bad)
+        with pytest.raises(ValidationError):
+            SecretKeyRef(name=bad, key="token")
+        with pytest.raises(ValueError, match="not a Kubernetes object name"):
+            checked_name(bad, "Job")
+    forged = ObjectRef.model_construct(api_version=None, kind="Job", name="../../v/jobs/x")
+    with pytest.raises(ValueError, match="not a Kubernetes object name"):
+        resource_for(forged)
+    assert ObjectRef(kind="Pod", name="w-1").resolved_api_version == "v1"
+    assert ObjectRef(name="train-7").resolved_api_version == "batch/v1"
+    assert ObjectRef(kind="Training", name="t", apiVersion="ml.example.com/v1").api_version
+
+
+def test_field_selector_values_are_escaped() -> None:
+    from reservoir.k8s.resources import field_value
+
+    assert field_value("plain-key") == "plain-key"
+    assert field_value("a,b=c") == "a\\,b\\=c"
+    assert field_value("a\\b") == "a\\\\b"
+
+
+async def test_a_flooding_or_trickling_provider_is_cut_off() -> None:
+    from reservoir.k8s import providers
+
+    client = ProviderClient(FakeKube())  # type: ignore[arg-type]
+    with provider_server() as provider:
+        big = {"operationId": "op/1", "state": "Running", "pad": "x" * (80 * 1024)}
+        provider.script("op/1", Answer(200, big))
+        got = await client.look_up("ns", http_claim(), http_policy(provider.status_url))
+        assert got.state is S.UNKNOWN and got.error is not None and "larger than" in got.error
+        slow = Answer(200, {"operationId": "op/1", "state": "Running"}, 1.5)
+        provider.script("op/1", slow)
+        deadline = providers.HTTP_TIMEOUT_SECONDS
+        providers.HTTP_TIMEOUT_SECONDS = 0.5
+        try:
+            got = await client.look_up("ns", http_claim(), http_policy(provider.status_url))
+        finally:
+            providers.HTTP_TIMEOUT_SECONDS = deadline
+        assert got.error is not None and "no answer within" in got.error
+    await client.aclose()

@@ -305,13 +305,26 @@ class Lending(Model):
     )
 
 
+# Object names as Kubernetes makes them (RFC 1123 subdomains): a name is a path segment
+# in the API's URLs, so nothing else may reach the operator's requests (found by review:
+# "../../other-namespace/..." read and deleted other namespaces' objects).
+OBJECT_NAME = "^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+SECRET_KEY = "^[-._a-zA-Z0-9]+$"
+
+
 class SecretKeyRef(Model):
     name: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
+        pattern=OBJECT_NAME,
         description="A Secret in the envelope's namespace.",
     )
-    key: str = Field(min_length=1, max_length=253, description="The key holding the token.")
+    key: str = Field(
+        min_length=1,
+        max_length=253,
+        pattern=SECRET_KEY,
+        description="The key holding the token.",
+    )
 
 
 OPERATION_URL = r"^https?://[^\s]+$"
@@ -954,11 +967,31 @@ KIND_NAME = "^[A-Z][A-Za-z0-9]*$"
 REQUEST_ID = "^[\\x21-\\x7e]+$"  # printable ASCII, no spaces
 
 
+API_VERSION_PATTERN = "^([a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?/)?v[0-9]+[a-z0-9]*$"
+DEFAULT_API_VERSIONS = {"Job": "batch/v1", "Pod": "v1"}
+
+
 class ObjectRef(Model):
     """A Kubernetes object in the claim's namespace."""
 
-    api_version: str = Field(
-        default="batch/v1", max_length=253, description="Its apiVersion, e.g. batch/v1 or v1."
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.apiVersion) || "
+                    "(has(self.kind) ? self.kind : 'Job') in ['Job', 'Pod']",
+                    "message": "apiVersion is required for kinds other than Job (batch/v1) and "
+                    "Pod (v1)",
+                }
+            ]
+        }
+    )
+
+    api_version: str | None = Field(
+        default=None,
+        max_length=253,
+        pattern=API_VERSION_PATTERN,
+        description="Its apiVersion, e.g. example.com/v1. Unset: batch/v1 for a Job, v1 for a Pod.",
     )
     kind: str = Field(
         default="Job",
@@ -967,7 +1000,13 @@ class ObjectRef(Model):
         pattern=KIND_NAME,
         description="Its kind: Job, Pod, or a kind with status.conditions.",
     )
-    name: str = Field(min_length=1, max_length=MAX_NAME_LENGTH, description="Its name.")
+    name: str = Field(
+        min_length=1, max_length=MAX_NAME_LENGTH, pattern=OBJECT_NAME, description="Its name."
+    )
+
+    @property
+    def resolved_api_version(self) -> str | None:
+        return self.api_version or DEFAULT_API_VERSIONS.get(self.kind)
 
 
 class Upstream(Model):

@@ -65,11 +65,12 @@ from reservoir.k8s.resources import (
     WORKFLOW_CLASS_LABEL,
     BranchClaim,
     ReservationEnvelope,
+    field_value,
 )
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
-MAX_CONCURRENT_LOOKUPS = 8  # provider lookups in flight at once, all envelopes together
+LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 
 
 class Recorder(Protocol):
@@ -127,7 +128,9 @@ class LedgerWriter:
     ) -> None:
         self.client = client
         self.providers = providers or ProviderClient(client)
-        self._lookups = asyncio.Semaphore(MAX_CONCURRENT_LOOKUPS)
+        # Provider calls in flight, per namespace: a slow tenant's provider (each call is
+        # bounded by its own deadline) never holds back another tenant's lookups.
+        self._lookups: dict[str, asyncio.Semaphore] = {}
         self.record = record
         self.clock = clock
         self.devices = devices or DeviceHolder(client, None)
@@ -371,7 +374,7 @@ class LedgerWriter:
         )
         if how is None and not lookup:
             return fact
-        async with self._lookups:
+        async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
                 forwarded = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
                 fact = replace(fact, cancel_forwarded=forwarded)
@@ -400,9 +403,13 @@ class LedgerWriter:
             return fact
         rivals = []
         async for claim in self.client.list(
-            BranchClaim, namespace=namespace, fields={"spec.upstream.requestId": request}
+            BranchClaim,
+            namespace=namespace,
+            fields={"spec.upstream.requestId": field_value(request)},
         ):
             body = read.as_dict(claim)
+            if ((body.get("spec") or {}).get("upstream") or {}).get("requestId") != request:
+                continue  # selected, but not this very key: never trust a match blindly
             state = body.get("status") or {}
             if (state.get("settlement") or {}).get("reason") == "DuplicateRequestId":
                 continue  # it lost already

@@ -23,6 +23,7 @@ for cancellation; any 2xx is "requested", never "confirmed".
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import json
@@ -45,6 +46,7 @@ from reservoir.core.model import (
     MAX_ERROR_LENGTH,
     MAX_RESOURCES,
     MAX_RESULT_LENGTH,
+    OBJECT_NAME,
     BranchClaimSpec,
     EnvelopePolicy,
     ObjectRef,
@@ -57,7 +59,8 @@ from reservoir.core.quantity import parse_quantity
 
 USAGE_ANNOTATION = f"{API_GROUP}/usage"
 RESULT_ANNOTATION = f"{API_GROUP}/result"
-HTTP_TIMEOUT_SECONDS = 5.0
+HTTP_TIMEOUT_SECONDS = 5.0  # for a whole lookup or cancel call, not per read
+MAX_ANSWER_BYTES = 64 * 1024
 OPERATION_ID_PLACEHOLDER = "{operationId}"
 
 # The CRD's rule for resource names (reservoir.core.model.RESOURCE_NAME_RULE): a usage map
@@ -215,11 +218,20 @@ def conditions_answer(obj: Mapping[str, Any]) -> ProviderAnswer:
 
 
 def is_job(ref: ObjectRef) -> bool:
-    return ref.api_version == "batch/v1" and ref.kind == "Job"
+    return ref.resolved_api_version == "batch/v1" and ref.kind == "Job"
 
 
 def is_pod(ref: ObjectRef) -> bool:
-    return ref.api_version == "v1" and ref.kind == "Pod"
+    return ref.resolved_api_version == "v1" and ref.kind == "Pod"
+
+
+def checked_name(name: str, what: str) -> str:
+    """A name the operator puts in an API path: an RFC 1123 subdomain, nothing else, even
+    if the schema were bypassed (a name is a path segment: "../x" would leave the
+    namespace)."""
+    if not re.fullmatch(OBJECT_NAME, name):
+        raise ValueError(f"{what} name {name!r} is not a Kubernetes object name")
+    return name
 
 
 def object_answer(
@@ -294,13 +306,15 @@ def resource_for(ref: ObjectRef) -> type[NamespacedResourceG]:
     """The lightkube resource to read `ref` with: the typed Job and Pod, else a generic
     namespaced resource of that group/version/kind. Raises ValueError for an apiVersion that
     is not [group/]version, or a kind lightkube knows with another plural."""
+    checked_name(ref.name, ref.kind)
     if is_job(ref):
         return Job
     if is_pod(ref):
         return Pod
-    if not _API_VERSION.fullmatch(ref.api_version):
-        raise ValueError(f"apiVersion {ref.api_version!r} is not [group/]version")
-    group, _, version = ref.api_version.rpartition("/")
+    api_version = ref.resolved_api_version
+    if api_version is None or not _API_VERSION.fullmatch(api_version):
+        raise ValueError(f"apiVersion {api_version!r} is not [group/]version")
+    group, _, version = api_version.rpartition("/")
     resource: type[NamespacedResourceG] = create_namespaced_resource(
         group, version, ref.kind, plural_of(ref.kind)
     )
@@ -380,16 +394,33 @@ class ProviderClient:
         headers = await self._headers(namespace, endpoint)
         url = operation_url(endpoint.status_url, operation)
         try:
-            response = await self.http.get(url, headers=headers)
+            # One deadline for the whole exchange and a bound on the body: a provider that
+            # trickles or floods stalls nothing and fills no memory (found by review).
+            async with (
+                asyncio.timeout(HTTP_TIMEOUT_SECONDS),
+                self.http.stream("GET", url, headers=headers) as response,
+            ):
+                body = bytearray()
+                async for chunk in response.aiter_bytes():
+                    body += chunk
+                    if len(body) > MAX_ANSWER_BYTES:
+                        return failed(f"answer larger than {MAX_ANSWER_BYTES} bytes")
+                code = response.status_code
+        except TimeoutError:
+            return failed(f"provider unreachable: no answer within {HTTP_TIMEOUT_SECONDS:g} s")
         except httpx2.HTTPError as error:
             return failed(f"provider unreachable: {type(error).__name__}: {error}")
-        return http_answer(response.status_code, response.content, operation)
+        return http_answer(code, bytes(body), operation)
 
     async def _headers(self, namespace: str, endpoint: ProviderEndpoint) -> dict[str, str]:
         """The Authorization header, with the token from the endpoint's Secret (if any)."""
         ref = endpoint.token_secret
         if ref is None:
             return {}
+        try:
+            checked_name(ref.name, "Secret")
+        except ValueError as error:
+            raise ProviderError(str(error)) from None
         try:
             secret = await self.client.get(Secret, ref.name, namespace=namespace)
         except ApiError as error:
@@ -439,15 +470,24 @@ class ProviderClient:
             return "not forwarded: the provider endpoint has no cancelURL"
         headers = await self._headers(namespace, endpoint)
         try:
-            response = await self.http.post(
-                operation_url(endpoint.cancel_url, operation), headers=headers
-            )
+            async with (
+                asyncio.timeout(HTTP_TIMEOUT_SECONDS),
+                self.http.stream(
+                    "POST", operation_url(endpoint.cancel_url, operation), headers=headers
+                ) as response,
+            ):
+                code = response.status_code  # the body is not read: only the code counts
+        except TimeoutError:
+            return f"not forwarded: no answer within {HTTP_TIMEOUT_SECONDS:g} s"
         except httpx2.HTTPError as error:
             return f"not forwarded: provider unreachable: {type(error).__name__}: {error}"
-        code = response.status_code
         return f"{REQUESTED} (HTTP {code})" if 200 <= code < 300 else f"refused (HTTP {code})"
 
     async def _cancel_object(self, namespace: str, ref: ObjectRef, how: UpstreamCancel) -> str:
+        try:
+            checked_name(ref.name, ref.kind)
+        except ValueError as error:
+            return f"not forwarded: {error}"
         try:
             if how is UpstreamCancel.SUSPEND:
                 if is_job(ref):

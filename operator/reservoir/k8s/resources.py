@@ -25,3 +25,10 @@ FINALIZER = f"{API_GROUP}/settlement"
 # it once the hand-off of the claim's devices is recorded.
 HAND_OFF_GATE = f"{API_GROUP}/hand-off"
 FIELD_MANAGER = "reservoir-operator"
+
+
+def field_value(value: str) -> str:
+    """A value as a field selector must spell it: `\\`, `,` and `=` escaped (as
+    k8s.io/apimachinery fields.EscapeValue does), so any value the schema accepts selects
+    exactly itself (found by review: `a,b=c` broke the list, `a\\b` matched `a\b`)."""
+    return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")

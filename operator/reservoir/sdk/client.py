@@ -101,6 +101,7 @@ from reservoir.k8s.resources import (
     BranchClaim,
     ReservationEnvelope,
     ReservationPool,
+    field_value,
 )
 from reservoir.sdk.errors import (
     ClaimExistsError,
@@ -397,9 +398,13 @@ class AsyncReservoir:
         """The earliest place to say it: another claim of the namespace already carries
         this idempotency key (a claim the operator rejected for it does not count)."""
         async for claim in self.client.list(
-            BranchClaim, namespace=self.namespace, fields={"spec.upstream.requestId": request_id}
+            BranchClaim,
+            namespace=self.namespace,
+            fields={"spec.upstream.requestId": field_value(request_id)},
         ):
             body = as_dict(claim)
+            if ((body.get("spec") or {}).get("upstream") or {}).get("requestId") != request_id:
+                continue
             other = body["metadata"]["name"]
             reason = ((body.get("status") or {}).get("settlement") or {}).get("reason")
             if other != name and reason != "DuplicateRequestId":
