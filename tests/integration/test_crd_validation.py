@@ -125,7 +125,13 @@ BAD_CLAIMS = [
     ("empty envelope name", {"envelope": ""}, "spec.envelope"),
     ("unknown outcome", {"final": True, "outcome": "Meh"}, "Unsupported value"),
     ("huge lease", {"lease": {"durationSeconds": 10**10}}, "should be less than"),
-]
+    ("ref leaving the namespace", {"upstream": {"ref": {"name": "../../other/jobs/x"}}},
+     "spec.upstream.ref.name"),
+    ("ref kind without apiVersion", {"upstream": {"ref": {"kind": "Training", "name": "t"}}},
+     "apiVersion is required"),
+    ("request id with a space", {"upstream": {"requestId": "a b"}}, "spec.upstream.requestId"),
+    ("result that is not ASCII", {"result": "s3://b/é"}, "spec.result"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(("case", "spec", "message"), BAD_CLAIMS, ids=[c[0] for c in BAD_CLAIMS])
@@ -149,7 +155,13 @@ BAD_ENVELOPES = [
     ("unknown deadline action", {"policy": {"atAmbiguityDeadline": "Shrug"}}, "Unsupported"),
     ("zero lease", {"policy": {"defaultLeaseSeconds": 0}}, "greater than or equal to 1"),
     ("fan-out cap above the ledger's", {"policy": {"maxActiveClaims": 100000}}, "less than"),
-]
+    ("token Secret leaving the namespace",
+     {"policy": {"provider": {"statusURL": "https://p.example/{operationId}",
+                              "tokenSecret": {"name": "../../other/secrets/t", "key": "t"}}}},
+     "tokenSecret.name"),
+    ("status URL without the operation", {"policy": {"provider": {"statusURL": "https://p"}}},
+     "statusURL names"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
