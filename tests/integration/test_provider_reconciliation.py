@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from reservoir.core.model import ClaimPhase, Outcome, ProviderState, Transition, Trigger
-from reservoir.sdk import ClaimView, Reservoir
+from reservoir.sdk import ClaimView, DuplicateRequestIdError, Reservoir
 from tests.clusters import ClusterHandle, schemaless_crd
 from tests.integration.conftest import OperatorProcess, StartOperator, _free_port
 from tests.integration.helpers import (
@@ -949,9 +949,23 @@ def test_a_second_claim_with_the_same_request_id_is_rejected_naming_the_first(
     again = sdk.hold("wf1", "a", {"tokens": "20"}, name="first", request_id="req-7")
     assert again.uid == first.uid
 
-    # Another claim with the same key, in another envelope and in the same one.
+    # Another claim with the same key, in another envelope and in the same one: the SDK
+    # refuses it before writing; written anyway (kubectl), the operator rejects it.
     for name, envelope in (("second", "wf2"), ("third", "wf1")):
-        sdk.hold(envelope, "b", {"tokens": "20"}, name=name, request_id="req-7")
+        with pytest.raises(DuplicateRequestIdError):
+            sdk.hold(envelope, "b", {"tokens": "20"}, name=name, request_id="req-7")
+        raw = {
+            "apiVersion": "reservoir.dev/v1alpha1",
+            "kind": "BranchClaim",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "envelope": envelope,
+                "branch": "b",
+                "requests": {"tokens": "20"},
+                "upstream": {"requestId": "req-7"},
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(raw))
         claim = wait_phase(sdk, name, "Rejected")
         settlement = claim.status.settlement
         assert settlement is not None and settlement.reason == "DuplicateRequestId", settlement
