@@ -213,6 +213,7 @@ def claim_crd() -> dict[str, Any]:
             column("Devices-Free", ".status.placement.devicesReleased", "boolean", priority=1),
             column("Lease-Expires", ".status.lease.expiresAt"),
             column("Settled", ".status.settlement.reason", priority=1),
+            column("Provider", ".status.provider.state", priority=1),
             column("Age", ".metadata.creationTimestamp", "date"),
         ],
         # `kubectl get bclaim --field-selector spec.envelope=wf`, and the operator's list
