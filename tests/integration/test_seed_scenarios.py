@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from decimal import Decimal
 
 from reservoir.sdk import Reservoir
 from tests.clusters import ClusterHandle
@@ -245,7 +246,9 @@ def test_at_the_ambiguity_deadline_the_policy_is_applied_and_recorded(
     assert "AmbiguityDeadlineQuarantine" in events_of(cluster, ns, "lost")
 
     # The SDK refuses to report on a settled claim (StaleClaimError); a worker that writes
-    # anyway, here with kubectl, is recorded as late and reopens nothing.
+    # anyway, here with kubectl, is recorded as late and reopens nothing: the settlement
+    # stays as it was, and (policy lateCompletion Adjust, the default) one recorded
+    # adjustment returns what the quarantine charged but the branch did not use.
     cluster.kubectl(
         "patch",
         "bclaim",
@@ -257,4 +260,11 @@ def test_at_the_ambiguity_deadline_the_policy_is_applied_and_recorded(
         '{"spec": {"usage": {"tokens": "5"}, "final": true, "outcome": "Succeeded"}}',
     )
     eventually("the late report", lambda: sdk.get(claim).condition("LateReport"))
-    settled_ledger(sdk, "deadline", committed="25", available="75")
+    settled_ledger(sdk, "deadline", committed="5", available="95")
+    view = sdk.get(claim)
+    assert view.status.settlement is not None
+    assert view.status.settlement.reason == "AmbiguityDeadlineQuarantine"
+    assert view.status.consumed == {"tokens": Decimal(25)}, "the settlement never changes"
+    adjustment = view.status.adjustment
+    assert adjustment is not None and adjustment.applied
+    assert adjustment.returned == {"tokens": Decimal(20)}
