@@ -445,3 +445,22 @@ def test_free_texts_are_bounded_in_bytes() -> None:
     record = sim.entry("a").provider
     assert record is not None and record.last_error is not None
     assert len(record.last_error.encode()) <= 96
+
+
+def test_a_retry_waiting_for_devices_needs_from_the_balance_only_what_its_hold_lacks() -> None:
+    sim = Sim({"tokens": "100", "nvidia.com/gpu": "4"}, default_lease_seconds=50)
+    sim.create("a1", {"tokens": "60", "nvidia.com/gpu": "1"}, branch="b", retry_window_seconds=300)
+    sim.reconcile().allocate("a1", devices=("gpu-0",)).reconcile().dispatch("a1").reconcile()
+    sim.usage("a1", "10", final=True, outcome="Failed").reconcile()
+    assert sim.available() == "40"
+    # A retry waiting for its devices, and two other branches, in one pass.
+    sim.tick(1).create("a2", {"tokens": "20", "nvidia.com/gpu": "1"}, branch="b", attempt=2)
+    sim.tick(1).create("x", {"tokens": "40"}, branch="x").create("y", {"tokens": "30"}, branch="y")
+    sim.reconcile()  # never overdraws: compute_totals would raise
+    assert sim.phase("a2") is P.PENDING
+    assert sim.phase("x") is P.TENTATIVE and sim.phase("y") is P.PENDING
+    assert sim.total("available") == "0" and sim.total("reserved") == "90"
+    # A second retry in the same pass cannot count on the same hold.
+    sim.tick(1).create("a3", {"tokens": "20", "nvidia.com/gpu": "1"}, branch="b", attempt=3)
+    sim.reconcile()
+    assert sim.phase("a3") is P.PENDING and sim.total("reserved") == "90"

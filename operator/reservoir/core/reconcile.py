@@ -48,7 +48,7 @@ from reservoir.core.budgets import (
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
-from reservoir.core.ledger import add, compute_totals, fits, one_line, subtract
+from reservoir.core.ledger import ZERO, add, compute_totals, fits, one_line, subtract
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
@@ -176,6 +176,8 @@ class Reconciliation:
     done_upward: bool = False
     children_unsettled: int = 0
     pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
+    # Retry holds (by id) a retry waiting for its devices counts on in this pass.
+    holds_in_use: set[int] = field(default_factory=set)
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.status.entries.get(uid) or self.off_ledger.get(uid)
@@ -675,7 +677,7 @@ def _admit_one(
     entries = result.status.entries
     # A retry of a failed attempt may use what that attempt kept for it, ahead of the
     # queue when that is enough (the hold is its own).
-    kept = _retry_hold_for(entries.values(), facts)
+    kept = _retry_hold_for(entries.values(), facts, result.holds_in_use)
     balance = add(available, kept.resources) if kept is not None else available
     if blocked_by is not None and not (kept is not None and fits(spec.requests, balance)):
         result.pending[facts.uid] = Admission(
@@ -710,8 +712,17 @@ def _admit_one(
     ):
         # Its logical room is kept while the scheduler looks for devices: the claim is
         # admitted on the recorded allocation, never reported as held before it.
-        # The hold stays the failed attempt's until this one holds its devices (review).
-        available.update(subtract(balance, spec.requests))
+        # The hold stays the failed attempt's until this one holds its devices (review):
+        # the claim needs from the balance only what the hold does not cover, and no
+        # other retry uses that hold in this pass.
+        if kept is not None:
+            result.holds_in_use.add(id(kept))
+            uncovered = {
+                k: max(v - kept.resources.get(k, ZERO), ZERO) for k, v in spec.requests.items()
+            }
+            available.update(subtract(available, uncovered))
+        else:
+            available.update(subtract(available, spec.requests))
         result.device_holds[facts.uid] = wanted
         result.awaiting.append(entry)
         result.room_bytes -= projected_bytes(entry, result.dimensions)
@@ -760,15 +771,22 @@ def _admit_one(
     return blocked_by
 
 
-def _retry_hold_for(entries: Iterable[LedgerEntry], facts: ClaimFacts) -> RetryHold | None:
-    """What an earlier failed attempt of the same branch keeps for this one, if anything."""
+def _retry_hold_for(
+    entries: Iterable[LedgerEntry], facts: ClaimFacts, in_use: set[int]
+) -> RetryHold | None:
+    """What an earlier failed attempt of the same branch keeps for this one, if anything
+    (and no other retry waiting for its devices uses in this pass)."""
     branch, attempt = facts.spec.branch, facts.spec.attempt
     if not branch:
         return None
     kept = [
         e.retry
         for e in entries
-        if e.branch == branch and e.attempt < attempt and e.retry is not None and e.retry.active
+        if e.branch == branch
+        and e.attempt < attempt
+        and e.retry is not None
+        and e.retry.active
+        and id(e.retry) not in in_use
     ]
     return kept[0] if kept else None
 
