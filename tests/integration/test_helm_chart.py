@@ -223,6 +223,17 @@ def test_the_schema_rejects_typos_and_wrong_types() -> None:
         {"providers.extraRules": [{"apiGroups": ["*"], "resources": ["x"], "verbs": ["get"]}]},
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["*"], "verbs": ["get"]}]},
         {"providers.extraRules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]},
+        # ... and nothing as strong as reading Secrets: subresources, accounts, RBAC.
+        *(
+            {"providers.extraRules": [{"apiGroups": [group], "resources": [r], "verbs": ["get"]}]}
+            for group, r in (
+                ("", "*/exec"),
+                ("", "pods/exec"),
+                ("", "serviceaccounts/token"),
+                ("", "serviceaccounts"),
+                ("rbac.authorization.k8s.io", "clusterroles"),
+            )
+        ),
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"], "verbs": ["*"]}]},
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"], "verbs": ["bind"]}]},
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"]}]},

@@ -572,3 +572,41 @@ def test_the_result_and_history_verbs_print_the_claim() -> None:
         "CommitPointReached",
         "Completed",
     ]
+
+
+# --- found by review -----------------------------------------------------------------------
+
+
+def test_an_adjustment_row_shows_what_moved_not_the_settlement_again() -> None:
+    adjusted = move(
+        ClaimPhase.CONSUMED, ClaimPhase.CONSUMED, "LateCompletionAdjusted", Trigger.WORKER, 9, 2
+    )
+    status = consumed_status(
+        adjustment=Adjustment(returned=q({"tokens": "5k"}), applied=True, at=T0),
+    )
+    status.history.append(adjusted)
+    table = rows(history_table(status))
+    assert table[-2]["AMOUNTS"] == "C cost=0.5 tokens=12000, R−C cost=1.5 tokens=8000"
+    assert table[-1]["AMOUNTS"] == "returned tokens=5000"
+
+
+def test_the_result_shows_an_adjustment_and_a_retry_hold() -> None:
+    status = consumed_status(
+        adjustment=Adjustment(
+            returned=q({"tokens": "5k"}), applied=True, outcome=Outcome.SUCCEEDED, at=T0
+        ),
+        retry=RetryHold(resources=q({"tokens": "8k"}), until=T0 + timedelta(minutes=10)),
+    )
+    view = ResultView.of(view_of(status))
+    assert view.adjustment is not None and view.retry is not None
+    lines = show_result(view).split("\n")
+    assert lines[4].startswith("adjustment at ") and "returned tokens=5000; applied" in lines[4]
+    assert lines[5] == "retry: tokens=8000 held for the next attempt until 2025-01-01T12:10:00Z"
+
+
+def test_a_ref_with_its_kinds_default_api_version_spelled_out_is_the_same_ref() -> None:
+    stored = held_spec(upstream={"ref": {"name": "job1"}})
+    asked = held_spec(upstream={"ref": {"name": "job1", "kind": "Job", "apiVersion": "batch/v1"}})
+    assert spec_differences(asked, stored) == []
+    other = held_spec(upstream={"ref": {"name": "job2"}})
+    assert [d.split(" ")[0] for d in spec_differences(other, stored)] == ["spec.upstream.ref"]

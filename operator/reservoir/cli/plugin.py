@@ -145,19 +145,27 @@ def show_result(view: ResultView) -> str:
         settled = "not settled yet"
         outcome = "- (not settled yet)"
         amounts = f"R {render(view.reserved) or '-'} held, nothing settled yet"
-    return "\n".join(
-        [
-            f"branchclaim {view.namespace}/{view.name}: {view.phase.value} ({settled})",
-            f"outcome: {outcome}",
-            f"result:  {view.result or '- (none recorded)'}",
-            f"amounts: {amounts}",
-        ]
-    )
+    lines = [
+        f"branchclaim {view.namespace}/{view.name}: {view.phase.value} ({settled})",
+        f"outcome: {outcome}",
+        f"result:  {view.result or '- (none recorded)'}",
+        f"amounts: {amounts}",
+    ]
+    if view.adjustment is not None:
+        lines.append(adjustment_line(view.adjustment))
+    if view.retry is not None:
+        lines.append(retry_line(view.retry))
+    return "\n".join(lines)
 
 
 def transition_amounts(move: Transition, record: LedgerEntry | BranchClaimStatus) -> str:
     """R on the move that reserved it (out of Pending into a phase that holds capacity);
     C and R − C on the move into a terminal phase; nothing on the others."""
+    if move.to.terminal and move.from_phase is move.to:  # a late completion's adjustment
+        adjustment = record.adjustment
+        if adjustment is None:
+            return "-"
+        return adjustment_moves(adjustment) or "-"
     if move.to.terminal:
         return settled_amounts(record.consumed, record.released)
     if move.from_phase is ClaimPhase.PENDING and move.to.holds_capacity:
@@ -184,15 +192,19 @@ def history_table(record: LedgerEntry | BranchClaimStatus) -> str:
     return table(rows)
 
 
+def adjustment_moves(adjustment: Adjustment) -> str:
+    """What a late completion moved: returned and charged, "" if nothing."""
+    parts = [
+        f"returned {render(adjustment.returned)}" if adjustment.returned else "",
+        f"charged {render(adjustment.charged)}" if adjustment.charged else "",
+    ]
+    return ", ".join(part for part in parts if part)
+
+
 def adjustment_line(adjustment: Adjustment) -> str:
     """A late completion after a deadline decision: returned or charged, applied or only
     recorded. The settlement itself is never changed."""
-    parts = []
-    if adjustment.returned:
-        parts.append(f"returned {render(adjustment.returned)}")
-    if adjustment.charged:
-        parts.append(f"charged {render(adjustment.charged)}")
-    what = ", ".join(parts) or "nothing to move"
+    what = adjustment_moves(adjustment) or "nothing to move"
     how = "applied" if adjustment.applied else "recorded only (not applied to the envelope)"
     outcome = f", outcome {adjustment.outcome.value}" if adjustment.outcome else ""
     return f"adjustment at {timestamp(adjustment.at)} (late report{outcome}): {what}; {how}"

@@ -87,6 +87,7 @@ from reservoir.core.model import (
     CommitPoint,
     LedgerEntry,
     Model,
+    ObjectRef,
     Placement,
     ReservationEnvelopeStatus,
     Transition,
@@ -761,11 +762,12 @@ def spec_differences(wanted: BranchClaimSpec, existing: BranchClaimSpec) -> list
         for field, attr in (
             ("requestId", "request_id"),
             ("operationId", "operation_id"),
-            ("ref", "ref"),
             ("supportsCancel", "supports_cancel"),
             ("supportsStatus", "supports_status"),
         )
     ]
+    # A ref as the operator reads it: an unset apiVersion is its kind's default.
+    pairs.append(("upstream.ref", _resolved(asked.ref), _resolved(found.ref)))
     differences = [
         f"spec.{field} ({_shown(mine)} asked, {_shown(theirs)} on the claim)"
         for field, mine, theirs in pairs
@@ -780,6 +782,12 @@ def spec_differences(wanted: BranchClaimSpec, existing: BranchClaimSpec) -> list
             f"spec.upstream.state ({asked.state.value} asked, {_shown(found.state)} on the claim)"
         )
     return differences
+
+
+def _resolved(ref: ObjectRef | None) -> ObjectRef | None:
+    if ref is None:
+        return None
+    return ref.model_copy(update={"api_version": ref.resolved_api_version})
 
 
 T = TypeVar("T")

@@ -9,6 +9,7 @@ from decimal import Decimal
 from typing import Any
 
 from reservoir.core.model import (
+    Adjustment,
     BranchClaimSpec,
     BranchClaimStatus,
     ChildEntry,
@@ -19,6 +20,7 @@ from reservoir.core.model import (
     Outcome,
     ParentKind,
     ReservationPoolStatus,
+    RetryHold,
     Settlement,
     Transition,
 )
@@ -170,6 +172,10 @@ class ResultView:
     reserved: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # R
     consumed: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # C
     released: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # R − C
+    # A late completion after a deadline decision (returned/charged since), and what a
+    # failed attempt keeps for the branch's next attempt: R − C is not all back yet.
+    adjustment: Adjustment | None = None
+    retry: RetryHold | None = None
 
     @property
     def settled(self) -> bool:
@@ -190,6 +196,8 @@ class ResultView:
             reserved=dict(record.reserved),
             consumed=dict(record.consumed),
             released=dict(record.released),
+            adjustment=record.adjustment,
+            retry=record.retry,
         )
 
 
