@@ -11,9 +11,11 @@ from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.ledgersize import projected_bytes
 from reservoir.core.model import ClaimPhase as P
 from reservoir.core.model import ProviderState as S
-from reservoir.core.model import Trigger
-from reservoir.core.provider import ProviderAnswer, needs_lookup, next_lookup
+from reservoir.core.model import Trigger, UpstreamCancel
+from reservoir.core.provider import ForwardedCancel, ProviderAnswer, needs_lookup, next_lookup
 from tests.unit.sim import T0, Sim
+
+SUSPEND = UpstreamCancel.SUSPEND
 
 JOB = {"ref": {"name": "train-7"}, "operationId": "train-7", "supportsStatus": True}
 HTTP_POLICY = {
@@ -143,11 +145,14 @@ def test_a_cancel_is_forwarded_once_and_recorded_as_requested_not_confirmed() ->
     sim.cancel("a").reconcile()
     entry = sim.entry("a")
     assert entry.cancel_requested and entry.phase is P.COMMITTED
-    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded=(True, "suspended the Job"))
+    sim.claims["a"] = replace(
+        sim.claims["a"], cancel_forwarded=ForwardedCancel(SUSPEND, True, "suspended the Job")
+    )
     sim.provider("a", answer(S.RUNNING)).reconcile()
     record = sim.entry("a").provider
     assert record is not None and record.cancel == "suspended the Job"
     assert record.cancel_forwarded_at == sim.now
+    assert record.cancel_forwarded_as is SUSPEND, "how it went is recorded"
     assert not sim.entry("a").phase.terminal, "a forwarded cancel is not a confirmation"
     sim.provider("a", answer(S.CANCELLED)).reconcile()
     settled = sim.entry("a")
@@ -307,7 +312,9 @@ def test_a_cancel_is_forwarded_without_status_lookup_and_only_where_it_can_be() 
         update={"upstream": spec.upstream.model_copy(update={"supports_cancel": False})}
     )
     assert cancel_to_forward(sim.entry("a"), unsupported, policy) is None
-    sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded=(True, "requested (HTTP 202)"))
+    sim.claims["a"] = replace(
+        sim.claims["a"], cancel_forwarded=ForwardedCancel(SUSPEND, True, "requested (HTTP 202)")
+    )
     sim.reconcile()
     record = sim.entry("a").provider
     assert record is not None and record.cancel == "requested (HTTP 202)"
@@ -405,7 +412,7 @@ def test_a_cancel_that_was_not_forwarded_is_tried_again() -> None:
     sim.create("a", upstream={**JOB, "supportsCancel": True}).reconcile()
     sim.dispatch("a").reconcile().cancel("a").reconcile()
     policy, spec = sim.envelope.spec.policy, sim.claims["a"].spec
-    failed = (False, "not forwarded: provider unreachable")
+    failed = ForwardedCancel(SUSPEND, False, "not forwarded: provider unreachable")
     sim.claims["a"] = replace(sim.claims["a"], cancel_forwarded=failed)
     sim.reconcile()
     record = sim.entry("a").provider

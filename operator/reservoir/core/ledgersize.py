@@ -58,7 +58,8 @@ PROVIDER_BYTES = 2 * MAX_ERROR_LENGTH + len(
     ',"provider":{"state":"NeverStarted","checkedAt":"2026-01-01T00:00:00.000000Z",'
     '"lookups":1000000000,"failures":1000000000,"lastError":"",'
     '"nextLookupAt":"2026-01-01T00:00:00.000000Z",'
-    '"cancelForwardedAt":"2026-01-01T00:00:00.000000Z","cancel":""}'
+    '"cancelForwardedAt":"2026-01-01T00:00:00.000000Z","cancel":"",'
+    '"cancelForwardedAs":"Suspend"}'
 )
 RESULT_BYTES = len(',"result":""') + MAX_RESULT_LENGTH
 # An adjustment (returned and charged together cover each resource at most once) and a

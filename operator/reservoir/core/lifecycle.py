@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.devices import DeviceFacts
-from reservoir.core.ledger import ZERO, add, render, subtract
+from reservoir.core.ledger import ZERO, add, positive, render, subtract
 from reservoir.core.ledgersize import cut_bytes
 from reservoir.core.model import (
     MAX_ERROR_LENGTH,
@@ -64,6 +64,8 @@ from reservoir.core.model import (
 from reservoir.core.policy import ambiguity_deadline, renewal
 from reservoir.core.provider import (
     DEADLINE_REASONS,
+    TERMINAL_OUTCOMES,
+    ForwardedCancel,
     ProviderAnswer,
     lookup_due,
     needs_lookup,
@@ -105,8 +107,7 @@ class ClaimFacts:
     devices: DeviceFacts | None = None  # what its ResourceClaim shows now, if it has one
     problem: str | None = None  # parts of the spec the operator could not read, and why
     provider: ProviderAnswer | None = None  # a provider lookup made for this pass, if any
-    # Forwarding its cancel upstream in this pass: whether it went through, and what it did.
-    cancel_forwarded: tuple[bool, str] | None = None
+    cancel_forwarded: ForwardedCancel | None = None  # forwarding its cancel, this pass
     # An older claim of the namespace with the same upstream.requestId (its name), if any.
     duplicate_of: str | None = None
 
@@ -201,7 +202,7 @@ def settle(
     if entry.result is None and spec.result is not None:
         entry.result = spec.result
     window = spec.retry_window_seconds
-    returned = {k: v for k, v in entry.released.items() if v > ZERO}
+    returned = positive(entry.released)
     if outcome is Outcome.FAILED and window is not None and returned:
         # A failed attempt keeps what it did not use for the branch's next attempt.
         entry.retry = RetryHold(resources=returned, until=step.now + timedelta(seconds=window))
@@ -217,7 +218,7 @@ def charge(
 ) -> None:
     """Settle a committed claim on what is known to be used: C = the recorded usage,
     R − C returned. Consumed if anything is charged, Released if nothing is."""
-    used = {k: v for k, v in step.entry.usage.items() if v > ZERO}
+    used = positive(step.entry.usage)
     phase = ClaimPhase.CONSUMED if used else ClaimPhase.RELEASED
     settle(step, phase, reason, used, outcome, message, trigger)
 
@@ -378,10 +379,11 @@ def record_cancel_forwarded(step: Step) -> None:
         return
     if entry.provider is not None and entry.provider.cancel_forwarded_at is not None:
         return
-    done, text = forwarded[0], cut_bytes(forwarded[1], MAX_ERROR_LENGTH)
+    done, text = forwarded.done, cut_bytes(forwarded.text, MAX_ERROR_LENGTH)
     record = (entry.provider or ProviderRecord()).model_copy(deep=True)
     if done:
         record.cancel_forwarded_at = step.now
+        record.cancel_forwarded_as = forwarded.how
         step.note(
             "CancelForwarded",
             f"cancel forwarded upstream: {text} (requested, not confirmed: the capacity "
@@ -566,11 +568,7 @@ def settle_on_answer(step: Step, said: ProviderState) -> bool:
             trigger=Trigger.PROVIDER,
         )
         return True
-    outcome = {
-        ProviderState.SUCCEEDED: Outcome.SUCCEEDED,
-        ProviderState.FAILED: Outcome.FAILED,
-        ProviderState.CANCELLED: Outcome.CANCELLED,
-    }[said]
+    outcome = TERMINAL_OUTCOMES[said]
     charge(
         step,
         f"Provider{said.value}",
@@ -745,10 +743,10 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
         for k, r in entry.reserved.items()
     }
     applied = policy.late_completion is LateCompletion.ADJUST and room is not None
-    returned = {k: v for k, v in subtract(entry.consumed, used).items() if v > ZERO}
-    owed = {k: v for k, v in subtract(used, entry.consumed).items() if v > ZERO}
+    returned = positive(subtract(entry.consumed, used))
+    owed = positive(subtract(used, entry.consumed))
     charged = {k: min(v, (room or {}).get(k, ZERO)) if applied else v for k, v in owed.items()}
-    charged = {k: v for k, v in charged.items() if v > ZERO}
+    charged = positive(charged)
     if applied and room is not None:
         room.update(subtract(add(room, returned), charged))
     entry.adjustment = Adjustment(

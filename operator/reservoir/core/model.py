@@ -652,6 +652,11 @@ class ProviderRecord(Model):
     cancel: str | None = Field(
         default=None, max_length=MAX_ERROR_LENGTH, description="What forwarding the cancel did."
     )
+    cancel_forwarded_as: UpstreamCancel | None = Field(
+        default=None,
+        description="How the cancel was forwarded (Suspend or Delete, per upstreamCancel then): "
+        "a Job suspended for it confirms the cancel once no pod of it is left.",
+    )
 
 
 class Adjustment(Model):

@@ -61,6 +61,22 @@ TERMINAL_OUTCOMES = {
 }
 
 
+@dataclass(frozen=True)
+class ForwardedCancel:
+    """What forwarding a claim's cancel upstream did in one pass."""
+
+    how: UpstreamCancel
+    done: bool  # it went through (anything else is tried again on a later pass)
+    text: str
+
+
+def suspended_by_cancel(entry: LedgerEntry) -> bool:
+    """Its cancel was recorded as forwarded by suspending its Job: a recorded fact, not
+    the envelope's policy now."""
+    record = entry.provider
+    return record is not None and record.cancel_forwarded_as is UpstreamCancel.SUSPEND
+
+
 def adapter_for(spec: BranchClaimSpec, policy: EnvelopePolicy) -> Adapter | None:
     """How this claim's upstream operation can be looked up, if at all."""
     upstream = spec.upstream

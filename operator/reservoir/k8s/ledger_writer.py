@@ -41,15 +41,16 @@ from reservoir.core.model import (
     ParentKind,
     ParentRecord,
     ReservationEnvelopeStatus,
-    UpstreamCancel,
 )
 from reservoir.core.policy import settlement_due
 from reservoir.core.provider import (
     Adapter,
+    ForwardedCancel,
     adapter_for,
     cancel_to_forward,
     lookup_due,
     needs_lookup,
+    suspended_by_cancel,
 )
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
@@ -229,11 +230,6 @@ class LedgerWriter:
             resource_claims, placeholders = await self.devices.observe(namespace, name)
         claim_facts: list[ClaimFacts] = []
         invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]] = []
-        requests = {
-            c["metadata"]["uid"]
-            for c in claims
-            if ((c.get("spec") or {}).get("upstream") or {}).get("requestId")
-        }
         for claim in claims:
             claim_name = claim["metadata"]["name"]
             fact = read.claim_facts(claim, leases.get(claim_name), pods.get(claim_name))
@@ -251,10 +247,7 @@ class LedgerWriter:
                 *(self._consult_provider(namespace, fact, status, policy) for fact in claim_facts)
             )
         )
-        claim_facts = [
-            await self._find_duplicate(namespace, fact, status) if fact.uid in requests else fact
-            for fact in claim_facts
-        ]
+        claim_facts = [await self._find_duplicate(namespace, fact, status) for fact in claim_facts]
 
         now = self.clock()
         try:
@@ -376,15 +369,10 @@ class LedgerWriter:
             return fact
         async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
-                forwarded = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
-                fact = replace(fact, cancel_forwarded=forwarded)
+                done, text = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
+                fact = replace(fact, cancel_forwarded=ForwardedCancel(how, done, text))
             if lookup:
-                record = entry.provider
-                suspended = (
-                    record is not None
-                    and record.cancel_forwarded_at is not None
-                    and policy.upstream_cancel is UpstreamCancel.SUSPEND
-                )
+                suspended = suspended_by_cancel(entry)
                 answer = await self.providers.look_up(namespace, fact.spec, policy, suspended)
                 result = "failed" if answer.error else "answered"
                 metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
