@@ -136,6 +136,8 @@ def test_never_started_is_not_believed_against_evidence_that_it_ran() -> None:
     sim.provider("a", answer(S.NEVER_STARTED)).reconcile()
     assert sim.phase("a") is not P.RELEASED and not sim.entry("a").phase.terminal
     assert "ProviderContradicted" in sim.reasons("a")
+    sim.provider("a", None).tick(1).reconcile().tick(1).reconcile()
+    assert sim.reasons("a").count("ProviderContradicted") == 1, "once per answer"
 
 
 def test_a_cancel_is_forwarded_once_and_recorded_as_requested_not_confirmed() -> None:

@@ -545,14 +545,12 @@ def settle_on_answer(step: Step, said: ProviderState) -> bool:
     started" returns R, unless something shows the branch ran. Returns whether it settled."""
     entry, facts = step.entry, step.facts
     if said is ProviderState.NEVER_STARTED:
-        ran = (
-            shows_execution(facts)
-            or entry.started_at is not None
-            or entry.handed_off_at is not None
-            or any(v > ZERO for v in entry.usage.values())
-        )
+        # Recorded before this is read, in this pass or an earlier one: any usage, a
+        # provider's start or a pod that ran set started_at; a hand-off commits the devices.
+        ran = entry.started_at is not None or entry.handed_off_at is not None
         if ran:
-            if not any(e.reason == "ProviderContradicted" for e in step.events):
+            fresh = facts.provider is not None and facts.provider.state is said
+            if fresh:  # said once per answer, not on every pass that reads the record
                 step.note(
                     "ProviderContradicted",
                     "the provider says the operation never started, but the branch shows "

@@ -93,7 +93,7 @@ from reservoir.core.policy import (
     queue_expired,
     request_problem,
 )
-from reservoir.core.provider import FIRST_LOOKUP_WAIT_SECONDS, needs_lookup
+from reservoir.core.provider import FIRST_LOOKUP_WAIT_SECONDS, late_answer_wanted, needs_lookup
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -268,7 +268,12 @@ def reconcile(
         was_adjusted = record.adjustment is not None
         # An adjustment that moves capacity waits until the record fits back in the
         # ledger: deferred, never recorded as "not applied" for a momentary lack of room.
-        adjust = room is None or _has_room_for(ledger, record, dimensions)
+        # (Sized only for a record that may still be adjusted: the check walks the ledger.)
+        adjust = (
+            room is None
+            or not late_answer_wanted(record)
+            or _has_room_for(ledger, record, dimensions)
+        )
         events = advance(record, facts, policy, now, renewals_open, dimensions, room, adjust)
         if record == facts.settled_record:
             continue  # nothing new: its status already says all of it
