@@ -272,8 +272,12 @@ class LedgerAudit(RuleBasedStateMachine):
 
     @rule()
     def crash_before_write(self) -> None:
-        """The operator computes a ledger and dies before its CAS write: nothing changes."""
-        self._reconcile(self.facts)
+        """The operator computes a ledger and dies before its CAS write: nothing changes,
+        and nothing it computed is booked by the auditor either (found when a vanished
+        claim's settlement, computed in a pass never written, was booked as if it had been)."""
+        before = self.status.model_copy(deep=True)
+        reconcile(self.envelope_facts, self.status, list(self.facts.values()), self.now)
+        assert self.status == before, "a reconcile changed the ledger it was given"
 
     # --- the auditor ---------------------------------------------------------------------
 
