@@ -159,6 +159,11 @@ class UpstreamState(StrEnum):
     ACCEPTED = "Accepted"
     RUNNING = "Running"
 
+    @property
+    def rank(self) -> int:
+        """How far it has got: the state only moves up (CEL rule UPSTREAM_RANK)."""
+        return list(UpstreamState).index(self)
+
 
 class ProviderState(StrEnum):
     """What the provider says about the upstream operation, in the response contract's words.
@@ -1125,7 +1130,7 @@ EXECUTION_FACTS_UNCHANGED = (
     "(has(oldSelf.upstream) && has(oldSelf.upstream.state) ? oldSelf.upstream.state : '')"
 )
 
-UPSTREAM_RANK = "{'Submitted': 0, 'Accepted': 1, 'Running': 2}"
+UPSTREAM_RANK = "{" + ", ".join(f"'{s.value}': {s.rank}" for s in UpstreamState) + "}"
 
 # Rules over several fields of a claim's spec, checked by the API server (with oldSelf).
 # Every field they read has a schema default or is required, and each rule also reads

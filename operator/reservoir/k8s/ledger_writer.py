@@ -59,6 +59,7 @@ from reservoir.k8s import facts as read
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.providers import ProviderClient
+from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
     ENVELOPE_LABEL,
@@ -66,7 +67,6 @@ from reservoir.k8s.resources import (
     WORKFLOW_CLASS_LABEL,
     BranchClaim,
     ReservationEnvelope,
-    field_value,
 )
 
 log = logging.getLogger(__name__)
@@ -390,18 +390,8 @@ class LedgerWriter:
         if request is None or fact.uid in status.entries or fact.settled_record is not None:
             return fact
         rivals = []
-        async for claim in self.client.list(
-            BranchClaim,
-            namespace=namespace,
-            fields={"spec.upstream.requestId": field_value(request)},
-        ):
-            body = read.as_dict(claim)
-            if ((body.get("spec") or {}).get("upstream") or {}).get("requestId") != request:
-                continue  # selected, but not this very key: never trust a match blindly
-            state = body.get("status") or {}
-            if (state.get("settlement") or {}).get("reason") == "DuplicateRequestId":
-                continue  # it lost already
-            admitted = state.get("phase") not in (None, "Pending")
+        for body in await claims_with_request_id(self.client, namespace, request):
+            admitted = (body.get("status") or {}).get("phase") not in (None, "Pending")
             meta = body["metadata"]
             rivals.append((not admitted, meta["creationTimestamp"], meta["name"], meta["uid"]))
         first = min(rivals, default=None)

@@ -92,17 +92,16 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
     Transition,
     Upstream,
-    UpstreamState,
 )
 from reservoir.core.quantity import format_quantity, parse_resources
 from reservoir.k8s.facts import as_dict
+from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
     ENVELOPE_LABEL,
     BranchClaim,
     ReservationEnvelope,
     ReservationPool,
-    field_value,
 )
 from reservoir.sdk.errors import (
     ClaimExistsError,
@@ -398,17 +397,9 @@ class AsyncReservoir:
     async def _refuse_duplicate_request(self, request_id: str, name: str | None) -> None:
         """The earliest place to say it: another claim of the namespace already carries
         this idempotency key (a claim the operator rejected for it does not count)."""
-        async for claim in self.client.list(
-            BranchClaim,
-            namespace=self.namespace,
-            fields={"spec.upstream.requestId": field_value(request_id)},
-        ):
-            body = as_dict(claim)
-            if ((body.get("spec") or {}).get("upstream") or {}).get("requestId") != request_id:
-                continue
+        for body in await claims_with_request_id(self.client, self.namespace, request_id):
             other = body["metadata"]["name"]
-            reason = ((body.get("status") or {}).get("settlement") or {}).get("reason")
-            if other != name and reason != "DuplicateRequestId":
+            if other != name:
                 raise DuplicateRequestIdError(
                     f"upstream.requestId {request_id!r} is already branchclaim/{other}: "
                     "this submission was made before; use that claim, or a new requestId "
@@ -724,9 +715,6 @@ def _upstream(given: Mapping[str, Any] | None, request_id: str | None) -> Upstre
     return Upstream.model_validate({**upstream.to_api(), "requestId": request_id})
 
 
-UPSTREAM_RANK = {UpstreamState.SUBMITTED: 0, UpstreamState.ACCEPTED: 1, UpstreamState.RUNNING: 2}
-
-
 def _shown(value: Any) -> str:
     if value is None:
         return "unset"
@@ -775,9 +763,7 @@ def spec_differences(wanted: BranchClaimSpec, existing: BranchClaimSpec) -> list
     ]
     if wanted.dispatch and not existing.dispatch:
         differences.append("spec.dispatch (true asked, not dispatched on the claim)")
-    if asked.state is not None and (
-        found.state is None or UPSTREAM_RANK[found.state] < UPSTREAM_RANK[asked.state]
-    ):
+    if asked.state is not None and (found.state is None or found.state.rank < asked.state.rank):
         differences.append(
             f"spec.upstream.state ({asked.state.value} asked, {_shown(found.state)} on the claim)"
         )
