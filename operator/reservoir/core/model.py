@@ -76,9 +76,9 @@ Quantity = Annotated[
     ),
 ]
 
+RESOURCE_NAME = "^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 RESOURCE_NAME_RULE: JsonDict = {
-    "rule": "self.all(k, size(k) <= 63 && "
-    "k.matches('^([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$'))",
+    "rule": f"self.all(k, size(k) <= 63 && k.matches('{RESOURCE_NAME}'))",
     "message": "resource names look like 'tokens', 'cost' or 'nvidia.com/gpu' "
     "(an optional DNS prefix and a name of at most 63 characters)",
 }

@@ -43,10 +43,12 @@ from lightkube.types import CascadeType, PatchType
 
 from reservoir.core.model import (
     API_GROUP,
+    API_VERSION_PATTERN,
     MAX_ERROR_LENGTH,
     MAX_RESOURCES,
     MAX_RESULT_LENGTH,
     OBJECT_NAME,
+    RESOURCE_NAME,
     BranchClaimSpec,
     EnvelopePolicy,
     ObjectRef,
@@ -65,8 +67,8 @@ OPERATION_ID_PLACEHOLDER = "{operationId}"
 
 # The CRD's rule for resource names (reservoir.core.model.RESOURCE_NAME_RULE): a usage map
 # the ledger could not store is refused here, as an unreadable answer.
-_RESOURCE_NAME = re.compile(r"([a-z0-9.-]{1,253}/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?")
-_API_VERSION = re.compile(r"(([a-z0-9]([-a-z0-9.]*[a-z0-9])?)/)?v[0-9]+[a-z0-9]*")
+_RESOURCE_NAME = re.compile(RESOURCE_NAME)
+_API_VERSION = re.compile(API_VERSION_PATTERN)
 
 
 # What a forwarded cancel says (anything else was not forwarded, and is tried again).
