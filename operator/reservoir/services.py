@@ -35,6 +35,7 @@ class Services:
         priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
         devices = DeviceHolder(client, priority_class)
         writer = LedgerWriter(client, post_event, devices=devices)
+        writer.every_transition = os.environ.get("RESERVOIR_TRANSITION_EVENTS") == "all"
         watched = os.environ.get("RESERVOIR_WATCHED_NAMESPACES") or ""
         pools = PoolWriter(
             client,

@@ -108,6 +108,7 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--peering=rel-reservoir",
         "--metrics-port=8080",
         "--placeholder-priority-class=reservoir-placeholder",
+        "--transition-events=settlements",
         "--liveness=http://0.0.0.0:8081/healthz",
     ]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]

@@ -39,6 +39,7 @@ def test_help_lists_every_flag_with_its_default() -> None:
         "--verbose": "False",
         "--placeholder-priority-class": "reservoir-placeholder",
         "--all-namespaces": "False",
+        "--transition-events": "settlements",
     }.items():
         assert flag in text
         after = text[text.index(flag) :]

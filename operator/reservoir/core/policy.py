@@ -77,9 +77,14 @@ def admission(
     policy: EnvelopePolicy,
 ) -> Admission:
     """Whether a (valid) request can reserve now, and if not, the reason it waits."""
+    # The messages name limits, never counts that move with every claim: a waiting claim's
+    # status repeats its reason, and a message that changed on every pass would rewrite
+    # every waiting claim's status on every pass.
     max_active = policy.max_active_claims or MAX_ACTIVE_CLAIMS_LIMIT
     if len(live) >= max_active:
-        return Admission(False, "MaxActiveClaims", f"{len(live)} of {max_active} claims active")
+        return Admission(
+            False, "MaxActiveClaims", f"the envelope has its most active claims ({max_active})"
+        )
     tentative = sum(1 for e in live if e.phase.value == "Tentative")
     if (
         will_be_tentative
@@ -89,13 +94,14 @@ def admission(
         return Admission(
             False,
             "MaxTentativeClaims",
-            f"{tentative} of {policy.max_tentative_claims} tentative claims held",
+            f"the envelope holds its most tentative claims ({policy.max_tentative_claims})",
         )
     if all_entries >= MAX_LEDGER_ENTRIES:
         return Admission(
             False,
             "LedgerFull",
-            f"the ledger holds {all_entries} entries; delete settled claims to make room",
+            f"the ledger is full ({MAX_LEDGER_ENTRIES} entries); delete settled claims "
+            "to make room",
         )
     if not fits(requests, available):
         short = sorted(n for n, a in requests.items() if a > available.get(n, ZERO))

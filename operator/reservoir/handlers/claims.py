@@ -1,4 +1,10 @@
-"""BranchClaim: every change wakes its envelope's writer; deletion waits for settlement."""
+"""BranchClaim: indexed for its envelope's writer; every change wakes that writer.
+
+Claims have no kopf change handlers: kopf keeps no diff-base annotation on them and adds
+no finalizer of its own, so a claim's life costs the operator no write beyond the ledger's
+own (its status mirror, and the removal of its finalizer once settled). A claim made
+without the SDK gets its envelope owner and the claim finalizer here, once.
+"""
 
 from __future__ import annotations
 
@@ -8,14 +14,18 @@ import kopf
 from lightkube import ApiError
 from lightkube.types import PatchType
 
-from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
-from reservoir.k8s.ledger_writer import LedgerStuckError
-from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
+from reservoir.k8s.claim_source import indexed
+from reservoir.k8s.ledger_writer import remove_finalizer
+from reservoir.k8s.resources import (
+    CLAIM_FINALIZER,
+    BranchClaim,
+    ReservationEnvelope,
+    get_object,
+)
 from reservoir.services import Services
 
 CLAIMS = (API_GROUP, API_VERSION, "branchclaims")
-REMIND_EVERY_RETRIES = 30  # retries come every 2 s: about once a minute
 
 
 def pending_without_envelope(envelope: str) -> BranchClaimStatus:
@@ -24,92 +34,92 @@ def pending_without_envelope(envelope: str) -> BranchClaimStatus:
     )
 
 
+@kopf.index(*CLAIMS)
+async def claims_by_envelope(
+    body: kopf.Body, spec: kopf.Spec, namespace: str | None, **_: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """The envelope's writer reads its claims from here (fed by the watch), not by a
+    LIST on every pass. kopf fills every index before any handler or daemon runs. (The
+    indexers are coroutines: kopf runs plain functions in a thread pool, a hand-off per
+    event.)"""
+    return {(namespace or "", str(spec.get("envelope") or "")): indexed(body)}
+
+
 @kopf.on.event(*CLAIMS)
 async def wake_the_envelope(
-    spec: kopf.Spec, namespace: str | None, memo: kopf.Memo, **_: Any
-) -> None:
-    """Any change to a claim is a fact for its envelope's ledger."""
-    envelope = spec.get("envelope")
-    if envelope and namespace:
-        services: Services = memo.services
-        services.writer.poke(namespace, envelope)
-
-
-@kopf.on.create(*CLAIMS)
-async def belong_to_the_envelope(
-    spec: kopf.Spec, name: str, namespace: str | None, meta: kopf.Meta, memo: kopf.Memo, **_: Any
-) -> None:
-    """Owned by its envelope, so deleting the envelope collects its (settled) claims."""
-    services: Services = memo.services
-    if meta.get("ownerReferences") or namespace is None:
-        return
-    try:
-        envelope = await services.client.get(
-            ReservationEnvelope, spec["envelope"], namespace=namespace
-        )
-    except ApiError as error:
-        if error.status.code != 404:
-            raise
-        # No envelope (yet): say so on the claim. It waits, unowned; the envelope's writer
-        # takes it over if the envelope appears.
-        await services.client.patch(
-            BranchClaim.Status,
-            name,
-            {"status": pending_without_envelope(spec["envelope"]).to_api()},
-            namespace=namespace,
-            patch_type=PatchType.MERGE,
-        )
-        return
-    owner = {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
-        "kind": "ReservationEnvelope",
-        "name": spec["envelope"],
-        "uid": envelope["metadata"]["uid"],
-    }
-    await services.client.patch(
-        BranchClaim,
-        name,
-        {"metadata": {"ownerReferences": [owner]}},
-        namespace=namespace,
-        patch_type=PatchType.MERGE,
-    )
-
-
-@kopf.on.delete(*CLAIMS, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
-async def settle_before_removal(
+    event: kopf.RawEvent,
+    body: kopf.Body,
     spec: kopf.Spec,
+    meta: kopf.Meta,
     uid: str,
     namespace: str | None,
-    body: kopf.Body,
-    retry: int,
     memo: kopf.Memo,
     **_: Any,
 ) -> None:
-    """A claim is removed only once its settlement is recorded in the envelope's ledger:
-    at once before the commit point, after the final report (or deadline) after it."""
-    assert namespace is not None
+    """Any change to a claim is a fact for its envelope's ledger (the writer's own status
+    writes are not: it has reconciled them already)."""
     services: Services = memo.services
-    try:
-        result = await services.writer.reconcile_once(namespace, spec.get("envelope", ""))
-    except LedgerStuckError as error:
-        raise kopf.TemporaryError(f"the envelope's ledger cannot move: {error}", delay=30) from None
-    if result is None:
-        return  # no envelope: this claim never held anything
-    entry = result.entry(uid)
-    if entry is None or entry.phase.terminal:
+    envelope = str(spec.get("envelope") or "")
+    if not namespace:
         return
-    if retry == 0:  # one deletion held back, however many times it is retried
-        metrics.finalizer_waits.labels(namespace, "BranchClaim").inc()
-    if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
-        kopf.warn(
-            body,
-            reason="AwaitingSettlement",
-            message=f"deletion waits for settlement (claim is {entry.phase.value}): report "
-            "final usage, wait for the ambiguity deadline, or annotate "
-            "reservoir.dev/force-settle",
-        )
-    raise kopf.TemporaryError(
-        f"waiting for settlement: the claim is {entry.phase.value}; report final usage, "
-        "or wait for the ambiguity deadline, or annotate reservoir.dev/force-settle",
-        delay=2,
-    )
+    gone = event.get("type") == "DELETED"
+    if not gone and services.writer.own_write(uid, str(meta.get("resourceVersion"))):
+        return
+    if not gone:
+        await adopt(services, namespace, body, envelope)
+    if envelope:
+        services.writer.poke(namespace, envelope)
+
+
+async def adopt(services: Services, namespace: str, body: kopf.Body, envelope: str) -> None:
+    """A claim made without the SDK: owned by its envelope (deleting the envelope collects
+    its settled claims) and guarded by the claim finalizer. A claim being deleted whose
+    envelope does not exist held nothing: its finalizer goes."""
+    meta = body["metadata"]
+    finalizers = list(meta.get("finalizers") or [])
+    owned = bool(meta.get("ownerReferences"))
+    deleting = bool(meta.get("deletionTimestamp"))
+    if deleting and (CLAIM_FINALIZER not in finalizers or services.writer.has(namespace, envelope)):
+        return  # the envelope's writer removes the finalizer once the claim is settled
+    if not deleting and owned and CLAIM_FINALIZER in finalizers:
+        return
+    found = await get_object(services.client, ReservationEnvelope, envelope, namespace)
+    if deleting:
+        if found is None:
+            await remove_finalizer(services.client, namespace, body)
+        return
+    patch: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}
+    ]
+    if CLAIM_FINALIZER not in finalizers:
+        if finalizers:
+            patch.append({"op": "add", "path": "/metadata/finalizers/-", "value": CLAIM_FINALIZER})
+        else:
+            patch.append({"op": "add", "path": "/metadata/finalizers", "value": [CLAIM_FINALIZER]})
+    if not owned and found is not None:
+        owner = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "ReservationEnvelope",
+            "name": envelope,
+            "uid": found["metadata"]["uid"],
+        }
+        patch.append({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]})
+    try:
+        if len(patch) > 1:
+            await services.client.patch(
+                BranchClaim, meta["name"], patch, namespace=namespace, patch_type=PatchType.JSON
+            )
+        if found is None and (body.get("status") or {}).get("queueReason") is None:
+            # No envelope (yet): say so on the claim. It waits, unowned; the envelope's
+            # writer takes it over if the envelope appears.
+            await services.client.patch(
+                BranchClaim.Status,
+                meta["name"],
+                {"status": pending_without_envelope(envelope).to_api()},
+                namespace=namespace,
+                patch_type=PatchType.MERGE,
+            )
+    except ApiError as error:
+        # Changed or gone meanwhile: its next event adopts it.
+        if error.status.code not in (404, 409, 422):
+            raise

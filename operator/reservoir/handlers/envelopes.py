@@ -29,6 +29,23 @@ def has_news(body: kopf.Body, **_: Any) -> bool:
     )
 
 
+@kopf.index(*ENVELOPES)
+async def envelopes_by_parent(
+    spec: kopf.Spec, name: str, namespace: str | None, **_: Any
+) -> dict[tuple[str, str], str]:
+    """Which envelopes draw on which: a writer lists its children only when it has some."""
+    parent = spec.get("parent")
+    return {(namespace or "", str(parent)): name} if parent else {}
+
+
+@kopf.index(*ENVELOPES)
+async def envelopes_by_name(
+    name: str, uid: str, namespace: str | None, **_: Any
+) -> dict[tuple[str, str], str]:
+    """The envelopes that exist: a deleted claim of a missing envelope held nothing."""
+    return {(namespace or "", name): uid}
+
+
 @kopf.on.event(*ENVELOPES, when=has_news)
 async def wake_the_ledger(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A change to the envelope itself is a fact for its ledger, like any claim's."""
@@ -101,6 +118,7 @@ async def settle_children_before_removal(
         services.writer.poke_parent(namespace, record)
     elif not live:
         metrics.envelopes.forget(namespace, name)  # its series go with it
+        services.writer.forget(namespace, name)
         return
     if retry == 0:  # one deletion held back, however many times it is retried
         metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()

@@ -6,11 +6,22 @@ from typing import Any
 
 import kopf
 
+from reservoir.k8s.claim_source import indexed
 from reservoir.k8s.resources import ENVELOPE_LABEL
 from reservoir.services import Services
 
+LEASES = ("coordination.k8s.io", "v1", "leases")
 
-@kopf.on.event("coordination.k8s.io", "v1", "leases", labels={ENVELOPE_LABEL: kopf.PRESENT})
+
+@kopf.index(*LEASES, labels={ENVELOPE_LABEL: kopf.PRESENT})
+async def leases_by_envelope(
+    body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """The envelope's writer reads its claims' Leases from here, not by a LIST per pass."""
+    return {(namespace or "", str(labels[ENVELOPE_LABEL])): indexed(body)}
+
+
+@kopf.on.event(*LEASES, labels={ENVELOPE_LABEL: kopf.PRESENT})
 async def renewal_requested(
     labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:

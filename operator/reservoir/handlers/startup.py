@@ -5,21 +5,37 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
 from reservoir.endpoints import serve, watch_api
+from reservoir.k8s.claim_source import WatchedClaims
 from reservoir.k8s.resources import FINALIZER
 from reservoir.services import Services
 
 
+class EssenceWithoutStatus(kopf.AnnotationsDiffBaseStorage):
+    """kopf's change detection: the essence it compares leaves out the status (as kopf's
+    own does), but without deep-copying it first. kopf builds an essence on every event of
+    every watched object; an envelope's status is its whole ledger."""
+
+    def build(
+        self, *, body: kopf.Body, extra_fields: Iterable[Any] | None = None
+    ) -> kopf.BodyEssence:
+        meta = {k: v for k, v in body.get("metadata", {}).items() if k != "managedFields"}
+        slim = {k: v for k, v in body.items() if k not in ("status", "metadata")}
+        essential = kopf.Body({**slim, "metadata": meta})  # type: ignore[arg-type]
+        return super().build(body=essential, extra_fields=extra_fields)
+
+
 @kopf.on.startup()
-async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     # Our status fields belong to the ledger: kopf keeps its own bookkeeping in annotations.
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="reservoir.dev")
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = EssenceWithoutStatus(
         prefix="reservoir.dev", key="last-handled-configuration"
     )
     # Transitions post their own Events; of the handlers' log lines only warnings and
@@ -27,6 +43,14 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) 
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     memo.services = services = Services.build()
+    # The ledger writers read claims and Leases from the watch-fed indexes (kopf fills them
+    # before any daemon starts), confirming with a GET what a stale copy could change.
+    # (kopf passes each index by its handler's name.)
+    services.writer.source = WatchedClaims(
+        kwargs["claims_by_envelope"], kwargs["leases_by_envelope"]
+    )
+    services.writer.children = kwargs["envelopes_by_parent"]
+    services.writer.envelopes = kwargs["envelopes_by_name"]
     port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
     if port:
         memo.endpoints = await serve(port, services.health)

@@ -29,7 +29,7 @@ from reservoir.core.model import (
     ReservationPoolStatus,
 )
 from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, parse_time
-from reservoir.k8s.resources import ReservationEnvelope, ReservationPool
+from reservoir.k8s.resources import ReservationEnvelope, ReservationPool, get_object
 
 
 def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts | None:
@@ -111,17 +111,6 @@ async def siblings_of(
     return facts, {k: v for k, v in bodies.items() if k != uid}
 
 
-async def _get(client: AsyncClient, kind: Any, name: str, namespace: str | None) -> Any | None:
-    try:
-        if namespace is None:
-            return as_dict(await client.get(kind, name))
-        return as_dict(await client.get(kind, name, namespace=namespace))
-    except ApiError as error:
-        if error.status.code == 404:  # gone; anything else is retried, never read as gone
-            return None
-        raise
-
-
 async def parent_view(
     client: AsyncClient,
     envelope: Mapping[str, Any],
@@ -136,11 +125,11 @@ async def parent_view(
         if record.kind is ParentKind.ROOT:
             return None
         if record.kind is ParentKind.POOL:
-            return pool_view(await _get(client, ReservationPool, record.name, None), uid)
-        body = await _get(client, ReservationEnvelope, record.name, namespace)
+            return pool_view(await get_object(client, ReservationPool, record.name, None), uid)
+        body = await get_object(client, ReservationEnvelope, record.name, namespace)
         return envelope_view(body, record.name, uid)
     if spec.parent is not None:
-        body = await _get(client, ReservationEnvelope, spec.parent, namespace)
+        body = await get_object(client, ReservationEnvelope, spec.parent, namespace)
         view = envelope_view(body, spec.parent, uid)
         if view.depth is None and view.uid is not None:
             view = ParentView(
@@ -231,7 +220,7 @@ async def _cycle(client: AsyncClient, namespace: str, uid: str, parent: str) -> 
     for _ in range(MAX_DEPTH + 1):
         if name is None:
             return False
-        body = await _get(client, ReservationEnvelope, name, namespace)
+        body = await get_object(client, ReservationEnvelope, name, namespace)
         if body is None:
             return False
         if body["metadata"]["uid"] == uid:

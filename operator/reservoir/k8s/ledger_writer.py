@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, NoReturn, Protocol
@@ -28,16 +28,19 @@ from lightkube.types import PatchType
 
 from reservoir import metrics
 from reservoir.core.borrowing import LOAN_EVENTS, SiblingFacts
-from reservoir.core.budgets import ParentView
+from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.claimstatus import claim_status
 from reservoir.core.conditions import Desired, merge_conditions
-from reservoir.core.devices import device_occupancy, has_device_resources
+from reservoir.core.devices import DeviceFacts, device_occupancy, has_device_resources
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.model import (
     MAX_CONDITIONS,
+    BranchClaimStatus,
+    ClaimPhase,
     Condition,
     EnvelopePolicy,
+    LedgerEntry,
     ParentKind,
     ParentRecord,
     ReservationEnvelopeStatus,
@@ -56,22 +59,48 @@ from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
+from reservoir.k8s.claim_source import ClaimSource, ListedClaims
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
+    CLAIM_FINALIZER,
     CLAIM_LABEL,
-    ENVELOPE_LABEL,
-    FINALIZER,
     WORKFLOW_CLASS_LABEL,
     BranchClaim,
     ReservationEnvelope,
+    get_object,
 )
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
 LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
+# Claim reads and writes in flight at once, for all envelopes: within the HTTP client's
+# pool of kept-alive connections (20), so that none is opened per request under load.
+REQUESTS_IN_FLIGHT = 16
+# A lease that ends moves the claim here: the renewal the index may lack is read first.
+LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
+# The happy path's moves: announced by an Event only with `every_transition`.
+ROUTINE_PHASES = frozenset({ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING})
+
+
+def moves_capacity(before: LedgerEntry | None, after: LedgerEntry) -> bool:
+    """Whether a pass's decision about one entry takes or returns capacity: a claim
+    admitted, or one whose phase moved."""
+    return before is None or before.phase != after.phase
+
+
+def versions(
+    claims: list[dict[str, Any]], leases: Mapping[str, Mapping[str, Any]]
+) -> tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]:
+    """Which object versions a pass read: the same versions decide the same."""
+    return (
+        frozenset((c["metadata"]["uid"], c["metadata"]["resourceVersion"]) for c in claims),
+        frozenset(
+            (n, str(lease["metadata"].get("resourceVersion"))) for n, lease in leases.items()
+        ),
+    )
 
 
 class Recorder(Protocol):
@@ -97,6 +126,79 @@ class Trigger:
 
 class Conflict:
     """The compare-and-swap lost: someone wrote the envelope since we read it."""
+
+
+Invalid = tuple[dict[str, Any], "ClaimFacts | read.InvalidClaim"]
+
+
+FactsKey = tuple[str, str, str | None, tuple[tuple[str, str], ...]]
+
+
+@dataclass
+class PassFacts:
+    """The facts of one pass's claims. A claim version (with its Lease's and its pods'
+    versions) is parsed once, and kept for the next pass (`parsed`, `used`): an envelope
+    of many claims re-reads only those that moved. Providers are consulted once a pass."""
+
+    writer: LedgerWriter
+    namespace: str
+    status: ReservationEnvelopeStatus
+    policy: EnvelopePolicy
+    parsed: Mapping[FactsKey, ClaimFacts | read.InvalidClaim]  # by the previous pass
+    used: dict[FactsKey, ClaimFacts | read.InvalidClaim] = field(default_factory=dict)
+    facts: list[ClaimFacts] = field(default_factory=list)
+    invalid: list[Invalid] = field(default_factory=list)
+    _asked: dict[FactsKey, ClaimFacts] = field(default_factory=dict)
+
+    async def update(
+        self,
+        claims: list[dict[str, Any]],
+        leases: Mapping[str, Mapping[str, Any]],
+        pods: Mapping[str, list[Mapping[str, Any]]],
+    ) -> None:
+        keys = []
+        for claim in claims:
+            meta = claim["metadata"]
+            lease = leases.get(meta["name"])
+            workload = pods.get(meta["name"]) or []
+            key = (
+                meta["uid"],
+                meta["resourceVersion"],
+                version_of(lease),
+                tuple(sorted((p["metadata"]["uid"], str(version_of(p))) for p in workload)),
+            )
+            keys.append((claim, key))
+            if key not in self.used:
+                found = self.parsed.get(key)
+                self.used[key] = found or read.claim_facts(claim, lease, workload)
+        # Ask the providers of the claims that need it, and find the submissions that
+        # reuse an older claim's idempotency key (only for claims still waiting).
+        ask = {
+            key: fact
+            for _, key in keys
+            if isinstance(fact := self.used[key], ClaimFacts) and key not in self._asked
+        }
+        answers = await asyncio.gather(
+            *(
+                self.writer.consult(self.namespace, f, self.status, self.policy)
+                for f in ask.values()
+            )
+        )
+        self._asked.update(zip(ask, answers, strict=True))
+        self.facts, self.invalid = [], []
+        for claim, key in keys:
+            parsed = self.used[key]
+            if isinstance(parsed, read.InvalidClaim):
+                self.invalid.append((claim, parsed))
+                continue
+            fact = self._asked[key]
+            if fact.problem is not None:
+                self.invalid.append((claim, fact))
+            self.facts.append(fact)
+
+
+def version_of(body: Mapping[str, Any] | None) -> str | None:
+    return None if body is None else str((body.get("metadata") or {}).get("resourceVersion"))
 
 
 def unhealthy(
@@ -136,13 +238,47 @@ class LedgerWriter:
         self.clock = clock
         self.devices = devices or DeviceHolder(client, None)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        self._fan_out = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        # Where claims and Leases are read from: the API server on every pass, unless the
+        # operator's watch-fed indexes are handed over at start-up (`watch`).
+        self.source: ClaimSource = ListedClaims(client)
+        # Claims of a ledger entry confirmed gone, by envelope: not read again.
+        self._gone: dict[tuple[str, str], set[str]] = {}
+        # Which envelopes draw on which, (namespace, parent) -> names, fed by the watch: an
+        # envelope that has no child line and no child there lists none. None: always list.
+        self.children: Mapping[tuple[str, str], Iterable[str]] | None = None
+        # The envelopes that exist, (namespace, name) -> UID, fed by the watch.
+        self.envelopes: Mapping[tuple[str, str], Iterable[str]] | None = None
+        # Each envelope's claims as its last pass parsed them (by object versions).
+        self._parsed: dict[tuple[str, str], Mapping[FactsKey, ClaimFacts | read.InvalidClaim]] = {}
+        # Claims' statuses as parsed or written, by namespace then (UID, resourceVersion).
+        self._statuses: dict[tuple[str, str], dict[tuple[str, str], BranchClaimStatus | None]] = {}
+        # Claims whose deletion waits for settlement, already announced (once each).
+        self._awaiting: set[str] = set()
         self._triggers: dict[tuple[str, str], Trigger] = {}
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
         # (envelope uid, generation, reason, message): reported once, so that the report's
         # own write (a new resourceVersion) never wakes a loop of reports.
         self._reported_refusals: set[tuple[str, int, str, str]] = set()
+        # Post an Event for every phase change, not only settlements (each is an API write;
+        # the claim's status.history records every transition either way).
+        self.every_transition = False
         # Wakes a pool's writer when one of its envelopes wrote news (set at start-up).
         self.poke_pool: Callable[[str], None] = lambda _name: None
+
+    def own_write(self, uid: str, version: str) -> bool:
+        """Whether this claim version is the writer's own status write (no news)."""
+        return self.source.own_write(uid, version)
+
+    def has(self, namespace: str, envelope: str) -> bool:
+        """Whether the envelope exists, as the watch last showed it (its writer then
+        releases its deleted claims itself, once their settlement is recorded)."""
+        return self.envelopes is not None and bool(self.envelopes.get((namespace, envelope)))
+
+    def forget(self, namespace: str, envelope: str) -> None:
+        """The envelope is going: what this writer kept about it goes too."""
+        for kept in (self._parsed, self._statuses, self._gone):
+            kept.pop((namespace, envelope), None)
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
         return self._triggers.setdefault((namespace, envelope), Trigger())
@@ -167,9 +303,9 @@ class LedgerWriter:
                 metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
 
     async def _attempt(self, namespace: str, name: str) -> Reconciliation | Conflict | None:
-        # The envelope first, then its claims, straight from the API server: every claim
-        # status a compaction in this ledger relied on is in the list, and a claim the
-        # ledger names but the list lacks really is gone.
+        # The envelope first, straight from the API server (the compare-and-swap below is
+        # conditional on this version), then its claims (from the source: a LIST, or the
+        # watch-fed index with every doubtful claim read again after the envelope).
         try:
             envelope = read.as_dict(
                 await self.client.get(ReservationEnvelope, name, namespace=namespace)
@@ -177,6 +313,7 @@ class LedgerWriter:
         except ApiError as error:
             if error.status.code == 404:
                 metrics.envelopes.forget(namespace, name)
+                self.forget(namespace, name)
                 return None
             raise
         try:
@@ -192,9 +329,12 @@ class LedgerWriter:
             )
         except read.UnreadableEnvelopeError as error:
             await self._refused(envelope, "UnreadableParent", str(error))
-        children, child_bodies = await budgets.children_of(
-            self.client, namespace, name, self.clock()
-        )
+        children: list[ChildFacts] = []
+        child_bodies: dict[str, dict[str, Any]] = {}
+        if status.children or self.children is None or self.children.get((namespace, name)):
+            children, child_bodies = await budgets.children_of(
+                self.client, namespace, name, self.clock()
+            )
         siblings: list[SiblingFacts] = []
         sibling_bodies: dict[str, dict[str, Any]] = {}
         if envelope_facts.spec.parent is not None:  # loans are between siblings
@@ -209,18 +349,19 @@ class LedgerWriter:
             children=children,
             siblings=siblings,
         )
-        claims = [
-            read.as_dict(c)
-            async for c in self.client.list(
-                BranchClaim, namespace=namespace, fields={"spec.envelope": name}
-            )
-        ]
-        leases = {}
-        async for lease in self.client.list(
-            Lease, namespace=namespace, labels={ENVELOPE_LABEL: name}
-        ):
-            body = lease.to_dict()
-            leases[body["metadata"]["name"]] = body
+        claims = await self.source.claims(namespace, name)
+        leases = await self.source.leases(namespace, name)
+        confirmed: set[str] = set()
+        if not self.source.fresh:
+            # A claim the ledger names but the index lacks may only be late in the watch:
+            # read it. One found gone is gone for good (UIDs are never reused).
+            gone = self._gone.setdefault((namespace, name), set())
+            gone &= set(status.entries)
+            present = {c["metadata"]["uid"] for c in claims}
+            missing = {u: e.claim for u, e in status.entries.items() if u not in present | gone}
+            claims, leases = await self._confirm(namespace, missing, claims, leases, set())
+            gone |= set(missing) - {c["metadata"]["uid"] for c in claims}
+            confirmed |= set(missing) | gone
         has_devices = has_device_resources(envelope_facts.spec.capacity)
         pods = await self._workload_pods(namespace, claims, has_devices)
         # Listed after the claims: a ResourceClaim missing here is gone (deallocated).
@@ -228,41 +369,39 @@ class LedgerWriter:
         placeholders: dict[str, dict[str, Any]] = {}
         if has_devices:
             resource_claims, placeholders = await self.devices.observe(namespace, name)
-        claim_facts: list[ClaimFacts] = []
-        invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]] = []
-        for claim in claims:
-            claim_name = claim["metadata"]["name"]
-            fact = read.claim_facts(claim, leases.get(claim_name), pods.get(claim_name))
-            if isinstance(fact, read.InvalidClaim):
-                invalid.append((claim, fact))
-                continue
-            if fact.problem is not None:
-                invalid.append((claim, fact))
-            claim_facts.append(fact)
-        # Ask the providers of the claims that need it, and find the submissions that
-        # reuse an older claim's idempotency key (only for claims still waiting).
-        policy = envelope_facts.spec.policy
-        claim_facts = list(
-            await asyncio.gather(
-                *(self._consult_provider(namespace, fact, status, policy) for fact in claim_facts)
-            )
-        )
-        claim_facts = [await self._find_duplicate(namespace, fact, status) for fact in claim_facts]
-
+        devices = self.devices.facts(resource_claims, placeholders)
         now = self.clock()
-        try:
-            result = reconcile(
-                envelope_facts,
-                status,
-                claim_facts,
-                now,
-                self.devices.facts(resource_claims, placeholders),
+        parsed = self._parsed.get((namespace, name), {})
+        read_facts = PassFacts(self, namespace, status, envelope_facts.spec.policy, parsed)
+        await read_facts.update(claims, leases, pods)
+        result = await self._decide(
+            envelope, envelope_facts, status, read_facts.facts, now, devices
+        )
+        # A decision that takes or returns capacity is taken again on the claims read
+        # fresh when the index's copies were not the latest: a stale copy can only lack a
+        # fact (a dispatch, a renewal, a settlement its status records), never add one.
+        # Each round reads claims not read yet, so the rounds end (at worst when every
+        # claim has been read fresh).
+        while not self.source.fresh:
+            moving = {
+                uid: entry.claim
+                for uid, entry in result.status.entries.items()
+                if uid not in confirmed and moves_capacity(status.entries.get(uid), entry)
+            }
+            if not moving:
+                break
+            lapsing = {uid for uid in moving if result.status.entries[uid].phase in LEASE_PHASES}
+            seen = versions(claims, leases)
+            claims, leases = await self._confirm(namespace, moving, claims, leases, lapsing)
+            confirmed |= set(moving)
+            if versions(claims, leases) == seen:
+                break
+            await read_facts.update(claims, leases, pods)
+            result = await self._decide(
+                envelope, envelope_facts, status, read_facts.facts, now, devices
             )
-        except InvariantViolationError as error:
-            await self._refused(envelope, "InvariantViolation", str(error))
-        except Exception as error:  # a bug in the core: report it, never loop on it blindly
-            log.exception("reconciling %s/%s failed", namespace, name)
-            await self._refused(envelope, "ReconcileFailed", f"{type(error).__name__}: {error}")
+        invalid = read_facts.invalid
+        self._parsed[(namespace, name)] = read_facts.used
         if result.status != status:
             version = envelope["metadata"]["resourceVersion"]
             body = ReservationEnvelope.Status(
@@ -323,7 +462,7 @@ class LedgerWriter:
             namespace, name, snapshot(envelope, envelope_facts, claims, result)
         )
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
-        mirrored = await self._mirror(namespace, claims, result, now, problems)
+        mirrored = await self._mirror(namespace, name, claims, result, now, problems)
         durable = held_back & mirrored
         self._announce(
             namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
@@ -344,8 +483,77 @@ class LedgerWriter:
                     if uid in by_uid
                 },
             )
+        await self._release_settled(namespace, claims, result)
         await self._delete_expired(namespace, result.expired_claims)
         return result
+
+    async def _decide(
+        self,
+        envelope: dict[str, Any],
+        facts: EnvelopeFacts,
+        status: ReservationEnvelopeStatus,
+        claims: list[ClaimFacts],
+        now: datetime,
+        devices: Mapping[str, DeviceFacts],
+    ) -> Reconciliation:
+        """The core's next ledger; a ledger it cannot compute is reported, never guessed."""
+        namespace, name = envelope["metadata"]["namespace"], envelope["metadata"]["name"]
+        try:
+            return reconcile(facts, status, claims, now, devices)
+        except InvariantViolationError as error:
+            await self._refused(envelope, "InvariantViolation", str(error))
+        except Exception as error:  # a bug in the core: report it, never loop on it blindly
+            log.exception("reconciling %s/%s failed", namespace, name)
+            await self._refused(envelope, "ReconcileFailed", f"{type(error).__name__}: {error}")
+
+    async def _confirm(
+        self,
+        namespace: str,
+        wanted: Mapping[str, str],
+        claims: list[dict[str, Any]],
+        leases: dict[str, dict[str, Any]],
+        lapsing: set[str],
+    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+        """The claims `wanted` (UID -> name) read fresh with one GET each, and the Leases of
+        those `lapsing`: a claim that is not found (or is another claim now) is gone."""
+        if not wanted:
+            return claims, leases
+        by_uid = {c["metadata"]["uid"]: c for c in claims}
+        limit = self._fan_out
+
+        async def read_fresh(uid: str, name: str) -> tuple[Any, Any]:
+            async with limit:
+                found = await get_object(self.client, BranchClaim, name, namespace)
+                lease = None
+                if uid in lapsing:
+                    lease = await get_object(self.client, Lease, name, namespace)
+                return found, lease
+
+        answers = await asyncio.gather(*(read_fresh(u, n) for u, n in wanted.items()))
+        leases = dict(leases)
+        for (uid, name), (found, lease) in zip(wanted.items(), answers, strict=True):
+            old = by_uid.pop(uid, None)
+            if found is not None and found["metadata"]["uid"] == uid:
+                by_uid[uid] = found
+                if old is not None:
+                    self.source.written(old, found, own=False)
+            if uid in lapsing:
+                if lease is None:
+                    leases.pop(name, None)
+                else:
+                    leases[name] = lease
+        return list(by_uid.values()), leases
+
+    async def consult(
+        self,
+        namespace: str,
+        fact: ClaimFacts,
+        status: ReservationEnvelopeStatus,
+        policy: EnvelopePolicy,
+    ) -> ClaimFacts:
+        """A claim's facts with its provider's answer and its duplicate, when it has one."""
+        fact = await self._consult_provider(namespace, fact, status, policy)
+        return await self._find_duplicate(namespace, fact, status)
 
     async def _consult_provider(
         self,
@@ -456,6 +664,49 @@ class LedgerWriter:
                 )
         raise LedgerStuckError(f"{namespace}/{name}: {reason}: {message}")
 
+    async def _release_settled(
+        self, namespace: str, claims: list[dict[str, Any]], result: Reconciliation
+    ) -> None:
+        """A claim being deleted goes once the ledger records its settlement: at once
+        before the commit point, after the final report (or deadline) after it. Its
+        finalizer is removed with a JSON patch that tests it is still where it was read."""
+        settled = []
+        for claim in claims:
+            meta = claim["metadata"]
+            finalizers = meta.get("finalizers") or []
+            if not meta.get("deletionTimestamp") or CLAIM_FINALIZER not in finalizers:
+                continue
+            entry = result.entry(meta["uid"])
+            if entry is not None and not entry.phase.terminal:
+                self._await_settlement(namespace, claim, entry)
+                continue
+            self._awaiting.discard(meta["uid"])
+            settled.append(claim)
+        limit = self._fan_out
+
+        async def release(claim: dict[str, Any]) -> None:
+            async with limit:
+                await remove_finalizer(self.client, namespace, claim)
+
+        await asyncio.gather(*(release(claim) for claim in settled))
+
+    def _await_settlement(
+        self, namespace: str, claim: Mapping[str, Any], entry: LedgerEntry
+    ) -> None:
+        """Said once per claim: its deletion waits for its settlement."""
+        uid = claim["metadata"]["uid"]
+        if uid in self._awaiting:
+            return
+        self._awaiting.add(uid)
+        metrics.finalizer_waits.labels(namespace, "BranchClaim").inc()
+        self.record(
+            claim,
+            "Warning",
+            "AwaitingSettlement",
+            f"deletion waits for settlement (claim is {entry.phase.value}): report final "
+            "usage, wait for the ambiguity deadline, or annotate reservoir.dev/force-settle",
+        )
+
     async def _delete_expired(self, namespace: str, names: list[str]) -> None:
         """Settled claims past the envelope's settledClaimTTLSeconds."""
         for claim in names:
@@ -502,6 +753,8 @@ class LedgerWriter:
         child envelope) they are about; a loan's on the envelope whose ledger moved."""
         metrics.count_events(namespace, klass, events)
         for event in events:
+            if not (self.every_transition or event.warning or not routine(event)):
+                continue
             target = envelope if event.reason in LOAN_EVENTS else claims.get(event.uid)
             if target is not None:
                 self.record(
@@ -511,6 +764,7 @@ class LedgerWriter:
     async def _mirror(
         self,
         namespace: str,
+        envelope: str,
         claims: list[dict[str, Any]],
         result: Reconciliation,
         now: datetime,
@@ -522,10 +776,15 @@ class LedgerWriter:
         mirror can always be recomputed. A refused write is reported, never raised.
         Returns the UIDs whose status now says what the ledger says."""
         mirrored: set[str] = set()
+        statuses = self._statuses.get((namespace, envelope), {})
+        parsed: dict[tuple[str, str], BranchClaimStatus | None] = {}
+        writes: list[tuple[dict[str, Any], BranchClaimStatus]] = []
         for claim in claims:
             meta = claim["metadata"]
             uid = meta["uid"]
-            previous = read.claim_status(claim)
+            version = (uid, meta["resourceVersion"])
+            previous = statuses[version] if version in statuses else read.claim_status(claim)
+            parsed[version] = previous
             entry = result.entry(uid)
             pending = result.pending.get(uid)
             if entry is None and pending is None:
@@ -544,6 +803,13 @@ class LedgerWriter:
             if previous is not None and wanted == previous:
                 mirrored.add(uid)
                 continue
+            writes.append((claim, wanted))
+        # Each envelope's statuses parsed by version: the next pass parses only new ones.
+        self._statuses[(namespace, envelope)] = parsed
+        limit = self._fan_out
+
+        async def write(claim: dict[str, Any], wanted: BranchClaimStatus) -> None:
+            meta = claim["metadata"]
             body = BranchClaim.Status(
                 metadata=ObjectMeta(
                     name=meta["name"], namespace=namespace, resourceVersion=meta["resourceVersion"]
@@ -551,8 +817,12 @@ class LedgerWriter:
                 status=wanted.to_api(),
             )
             try:
-                await self.client.replace(body, meta["name"], namespace=namespace)  # type: ignore[call-overload]
-                mirrored.add(uid)
+                async with limit:
+                    written = await self.client.replace(body, meta["name"], namespace=namespace)  # type: ignore[call-overload]
+                after = read.as_dict(written)
+                self.source.written(claim, after)
+                parsed[(meta["uid"], after["metadata"]["resourceVersion"])] = wanted
+                mirrored.add(meta["uid"])
             except ApiError as error:
                 if error.status.code in (404, 409):
                     self.poke(namespace, claim["spec"].get("envelope", ""))
@@ -561,7 +831,15 @@ class LedgerWriter:
                     self.record(claim, "Warning", "MirrorRefused", str(error.status.message))
                 else:
                     raise
+
+        await asyncio.gather(*(write(claim, wanted) for claim, wanted in writes))
         return mirrored
+
+
+def routine(event: LedgerEvent) -> bool:
+    """A claim's move to a phase on the way to its settlement (Reserved, Committed,
+    Running...): posted as an Event only with `every_transition`."""
+    return event.phase in ROUTINE_PHASES
 
 
 def workflow_class(envelope: Mapping[str, Any]) -> str:
@@ -580,7 +858,7 @@ def snapshot(
         c["metadata"]["uid"]: read.parse_time(c["metadata"]["deletionTimestamp"])
         for c in claims
         if c["metadata"].get("deletionTimestamp")
-        and FINALIZER in (c["metadata"].get("finalizers") or [])
+        and CLAIM_FINALIZER in (c["metadata"].get("finalizers") or [])
     }
     policy = facts.spec.policy
     return metrics.EnvelopeSnapshot(
@@ -602,3 +880,23 @@ def snapshot(
             default=None,
         ),
     )
+
+
+async def remove_finalizer(client: AsyncClient, namespace: str, claim: Mapping[str, Any]) -> None:
+    """Remove the claim finalizer from a claim, if it is still where `claim` shows it (a
+    JSON patch that tests it first): a claim changed meanwhile is left for the next pass."""
+    meta = claim["metadata"]
+    finalizers = list(meta.get("finalizers") or [])
+    at = finalizers.index(CLAIM_FINALIZER)
+    patch = [
+        {"op": "test", "path": f"/metadata/finalizers/{at}", "value": CLAIM_FINALIZER},
+        {"op": "remove", "path": f"/metadata/finalizers/{at}"},
+    ]
+    try:
+        await client.patch(
+            BranchClaim, meta["name"], patch, namespace=namespace, patch_type=PatchType.JSON
+        )
+    except ApiError as error:
+        # Gone already, or its finalizers moved (the test failed): nothing to do now.
+        if error.status.code not in (404, 409, 422):
+            raise

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
 
 from reservoir.core.model import API_GROUP, API_VERSION
@@ -20,7 +23,13 @@ CLAIM_LABEL = f"{API_GROUP}/claim"
 WORKFLOW_CLASS_LABEL = f"{API_GROUP}/workflow-class"
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
 FORCE_SETTLE_GONE_ANNOTATION = f"{API_GROUP}/force-settle-gone"
+# kopf's own finalizer, on envelopes and pools (their deletion handlers).
 FINALIZER = f"{API_GROUP}/settlement"
+# A claim's: the SDK creates claims with it (the operator adds it to any claim without it),
+# and the ledger writer removes it once the claim's settlement is recorded. Not kopf's:
+# claims have no kopf change handlers, so kopf writes nothing on them (no diff-base
+# annotation on every spec change, no finalizer of its own).
+CLAIM_FINALIZER = f"{API_GROUP}/claim-settlement"
 # A device claim's workload pod is created behind this scheduling gate; the operator lifts
 # it once the hand-off of the claim's devices is recorded.
 HAND_OFF_GATE = f"{API_GROUP}/hand-off"
@@ -32,3 +41,23 @@ def field_value(value: str) -> str:
     k8s.io/apimachinery fields.EscapeValue does), so any value the schema accepts selects
     exactly itself (found by review: `a,b=c` broke the list, `a\\b` matched `a\b`)."""
     return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
+
+
+async def get_object(
+    client: AsyncClient, kind: Any, name: str, namespace: str | None
+) -> dict[str, Any] | None:
+    """One object read fresh, as a plain dict; None if it does not exist. Any other error
+    is raised (and retried by the caller's loop), never read as "gone"."""
+    try:
+        if namespace is None:
+            found = await client.get(kind, name)
+        else:
+            found = await client.get(kind, name, namespace=namespace)
+    except ApiError as error:
+        if error.status.code == 404:
+            return None
+        raise
+    if isinstance(found, dict):
+        return found
+    body: dict[str, Any] = found.to_dict()
+    return body

@@ -1,0 +1,158 @@
+"""Where the ledger writer reads an envelope's claims and their Leases from.
+
+`ListedClaims` lists them from the API server on every pass: always fresh, and one LIST
+of claims and one of Leases per pass, however little changed. `WatchedClaims` reads them
+from the operator's watch-fed kopf indexes (no request at all) and is only as fresh as
+the watch. A stale view can only lack facts, never invent them (every object version is
+a consistent snapshot, and a claim's facts only grow), so the writer confirms with a
+direct GET exactly the decisions that a missing fact could change: a claim the ledger
+names but the index lacks (gone?), and a claim about to take or return capacity (see
+LedgerWriter). Correctness never rests on the index being fresh; the envelope's
+compare-and-swap still fences every decision.
+
+The writer's own claim-status writes are written through: the object the API server
+returned replaces the index's older copy until the watch delivers it (or anything newer),
+so the next pass neither mirrors again against a stale resourceVersion nor treats its own
+write as news (`own_write`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from lightkube import AsyncClient
+from lightkube.resources.coordination_v1 import Lease
+
+from reservoir.k8s.facts import as_dict
+from reservoir.k8s.resources import ENVELOPE_LABEL, BranchClaim
+
+Body = dict[str, Any]
+Key = tuple[str, str]  # (namespace, envelope name)
+# How long a written-through object is kept when the watch never shows a newer one (the
+# claim was deleted meanwhile): long enough for any watch lag, short enough to stay small.
+WRITTEN_KEEP_SECONDS = 120.0
+
+
+def indexed(body: Mapping[str, Any]) -> Body:
+    """The copy of a watched object an index keeps: all of it but `managedFields`, which
+    the writer never reads and which would double the index's memory."""
+    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
+    return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
+
+
+class ClaimSource(Protocol):
+    """An envelope's claims (by `spec.envelope`) and their Leases (by name)."""
+
+    fresh: bool  # True: read from the API server on each call, nothing to confirm
+
+    async def claims(self, namespace: str, envelope: str) -> list[Body]: ...
+
+    async def leases(self, namespace: str, envelope: str) -> dict[str, Body]: ...
+
+    def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None: ...
+
+    def own_write(self, uid: str, version: str) -> bool: ...
+
+
+@dataclass
+class ListedClaims:
+    """Straight from the API server, on every pass."""
+
+    client: AsyncClient
+    fresh: bool = True
+
+    async def claims(self, namespace: str, envelope: str) -> list[Body]:
+        return [
+            as_dict(c)
+            async for c in self.client.list(
+                BranchClaim, namespace=namespace, fields={"spec.envelope": envelope}
+            )
+        ]
+
+    async def leases(self, namespace: str, envelope: str) -> dict[str, Body]:
+        found: dict[str, Body] = {}
+        async for lease in self.client.list(
+            Lease, namespace=namespace, labels={ENVELOPE_LABEL: envelope}
+        ):
+            body = lease.to_dict()
+            found[body["metadata"]["name"]] = body
+        return found
+
+    def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None:
+        return None
+
+    def own_write(self, uid: str, version: str) -> bool:
+        return False
+
+
+# A kopf.Index (or any mapping like it): the bodies stored under each key.
+Index = Mapping[Key, Iterable[Body]]
+
+
+@dataclass
+class Written:
+    """An object this operator wrote, and the version it replaced."""
+
+    replaced: str  # the resourceVersion the write was conditional on
+    body: Body
+    at: float
+
+
+@dataclass
+class WatchedClaims:
+    """From the watch-fed indexes `claims_by_envelope` and `leases_by_envelope`, each
+    keyed by (namespace, envelope name), with this operator's own writes laid over them."""
+
+    claim_index: Index
+    lease_index: Index
+    fresh: bool = False
+    _written: dict[str, Written] = field(default_factory=dict)  # by claim UID
+    _own_versions: dict[str, str] = field(default_factory=dict)  # claim UID -> version
+
+    async def claims(self, namespace: str, envelope: str) -> list[Body]:
+        now = time.monotonic()
+        found: list[Body] = []
+        for body in self.claim_index.get((namespace, envelope)) or ():
+            uid = body["metadata"]["uid"]
+            written = self._written.get(uid)
+            if written is not None and body["metadata"]["resourceVersion"] == written.replaced:
+                found.append(written.body)  # the watch has not delivered our write yet
+                continue
+            if written is not None:  # the watch delivered it, or something newer
+                del self._written[uid]
+            found.append(body)
+        self._written = {
+            uid: w for uid, w in self._written.items() if now - w.at < WRITTEN_KEEP_SECONDS
+        }
+        return found
+
+    async def leases(self, namespace: str, envelope: str) -> dict[str, Body]:
+        return {
+            body["metadata"]["name"]: body
+            for body in self.lease_index.get((namespace, envelope)) or ()
+        }
+
+    def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None:
+        """The writer replaced `before` by `after` (own), or read `after` fresh where the
+        index still had `before` (not own: its watch event is news)."""
+        uid = after["metadata"]["uid"]
+        replaced = before["metadata"]["resourceVersion"]
+        if replaced == after["metadata"]["resourceVersion"]:
+            return
+        self._written[uid] = Written(replaced, after, time.monotonic())
+        if not own:
+            return
+        self._own_versions[uid] = after["metadata"]["resourceVersion"]
+        if len(self._own_versions) > 4 * len(self._written) + 1024:
+            self._own_versions = {u: v for u, v in self._own_versions.items() if u in self._written}
+
+    def own_write(self, uid: str, version: str) -> bool:
+        """Whether this claim version is one this operator's writer wrote itself: its
+        watch event brings nothing the ledger has not reconciled."""
+        if self._own_versions.get(uid) == version:
+            del self._own_versions[uid]
+            return True
+        return False

@@ -1,0 +1,101 @@
+"""What the operator writes on a claim besides its status, with the real operator: a claim
+made with kubectl is adopted (envelope owner, claim finalizer) once; a deleted claim goes
+as soon as its settlement is recorded, also when its envelope does not exist; and only a
+settlement (not every routine move) posts an Event unless asked."""
+
+from __future__ import annotations
+
+import json
+
+from reservoir.k8s.resources import CLAIM_FINALIZER
+from reservoir.sdk import Reservoir
+from tests.clusters import ClusterHandle
+from tests.integration.conftest import StartOperator
+from tests.integration.helpers import create_envelope, events_of, eventually, wait_phase
+
+
+def apply_claim(cluster: ClusterHandle, ns: str, name: str, envelope: str = "wf") -> None:
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "BranchClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"envelope": envelope, "requests": {"tokens": "10"}, "dispatch": True},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def metadata(cluster: ClusterHandle, ns: str, name: str) -> dict[str, object]:
+    found = json.loads(
+        cluster.kubectl("get", "bclaim", name, "-n", ns, "-o", "json", "--ignore-not-found") or "{}"
+    )
+    return dict(found.get("metadata") or {})
+
+
+def test_a_kubectl_claim_is_adopted_and_released_once_settled(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    start_operator()
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
+    apply_claim(cluster, ns, "k")
+    meta = eventually(
+        "the claim adopted",
+        lambda: (m := metadata(cluster, ns, "k")).get("ownerReferences") and m,
+    )
+    assert CLAIM_FINALIZER in meta.get("finalizers", [])  # type: ignore[operator]
+    owners = meta["ownerReferences"]
+    assert [(o["kind"], o["name"]) for o in owners] == [("ReservationEnvelope", "wf")]  # type: ignore[attr-defined]
+    claim = wait_phase(sdk, "k", "Committed")
+    cluster.kubectl("delete", "bclaim", "k", "-n", ns, "--wait=false")
+    # Dispatched, not settled: the deletion waits for the final report.
+    eventually("the wait announced", lambda: "AwaitingSettlement" in events_of(cluster, ns, "k"))
+    assert metadata(cluster, ns, "k"), "held while its settlement is open"
+    sdk.finish(sdk.get(claim), {"tokens": "4"})
+    eventually("the claim released", lambda: not metadata(cluster, ns, "k"))
+
+
+def test_a_deleted_claim_of_a_missing_envelope_is_released(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator
+) -> None:
+    start_operator()
+    apply_claim(cluster, ns, "orphan", envelope="nowhere")
+    eventually(
+        "the claim guarded",
+        lambda: CLAIM_FINALIZER in (metadata(cluster, ns, "orphan").get("finalizers") or []),  # type: ignore[operator]
+    )
+    cluster.kubectl("delete", "bclaim", "orphan", "-n", ns, "--wait=false")
+    eventually("the claim gone", lambda: not metadata(cluster, ns, "orphan"))
+
+
+def test_only_settlements_post_events_unless_every_transition_is_asked_for(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    start_operator()
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
+    quiet = sdk.finish(
+        wait_phase(
+            sdk, sdk.hold("wf", "q", {"tokens": "10"}, name="q", dispatch=True), "Committed"
+        ),
+        {"tokens": "3"},
+    )
+    wait_phase(sdk, quiet, "Consumed")
+    reasons = eventually("the settlement Event", lambda: events_of(cluster, ns, "q"))
+    assert "Completed" in reasons and "Reserved" not in reasons, reasons
+    assert sdk.history("q")[0].reason == "Reserved", "recorded in the history all the same"
+
+
+def test_every_transition_posts_an_event_when_asked(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    start_operator("--transition-events=all")
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
+    loud = sdk.finish(
+        wait_phase(
+            sdk, sdk.hold("wf", "l", {"tokens": "10"}, name="l", dispatch=True), "Committed"
+        ),
+        {"tokens": "3"},
+    )
+    wait_phase(sdk, loud, "Consumed")
+    eventually(
+        "an Event per transition",
+        lambda: {"Reserved", "CommitPointReached", "Completed"} <= set(events_of(cluster, ns, "l")),
+    )

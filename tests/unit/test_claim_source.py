@@ -1,0 +1,67 @@
+"""The watch-fed claim source: the writer's own writes laid over a lagging index."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from reservoir.k8s.claim_source import WatchedClaims, indexed
+
+
+def claim(uid: str, version: str, phase: str | None = None) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "uid": uid,
+            "name": f"c-{uid}",
+            "resourceVersion": version,
+            "managedFields": [{"manager": "x"}],
+        },
+        "spec": {"envelope": "wf"},
+        "status": {"phase": phase} if phase else {},
+    }
+
+
+def read(source: WatchedClaims) -> list[dict[str, Any]]:
+    return asyncio.run(source.claims("ns", "wf"))
+
+
+def test_an_own_write_is_read_until_the_watch_delivers_it_or_anything_newer() -> None:
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "wf"): [claim("a", "1")]}
+    source = WatchedClaims(index, {})
+    source.written(claim("a", "1"), claim("a", "2", "Tentative"))
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["2"]
+    index[("ns", "wf")] = [claim("a", "3", "Committed")]  # the watch moved past it
+    assert [c["status"] for c in read(source)] == [{"phase": "Committed"}]
+    index[("ns", "wf")] = [claim("a", "1")]  # never again laid over once dropped
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["1"]
+
+
+def test_own_write_is_recognised_once_and_a_fresh_read_is_never_own() -> None:
+    source = WatchedClaims({}, {})
+    source.written(claim("a", "1"), claim("a", "2"))
+    source.written(claim("b", "1"), claim("b", "5"), own=False)
+    assert source.own_write("a", "2")
+    assert not source.own_write("a", "2")
+    assert not source.own_write("b", "5"), "someone else's change, read fresh: news"
+    assert not source.own_write("a", "3")
+
+
+def test_a_write_that_changed_nothing_is_not_laid_over() -> None:
+    index = {("ns", "wf"): [claim("a", "1", "Pending")]}
+    source = WatchedClaims(index, {})
+    source.written(claim("a", "1"), claim("a", "1", "Tentative"))
+    assert [c["status"] for c in read(source)] == [{"phase": "Pending"}]
+    assert not source.own_write("a", "1")
+
+
+def test_the_index_keeps_no_managed_fields() -> None:
+    kept = indexed(claim("a", "1"))
+    assert "managedFields" not in kept["metadata"]
+    assert kept["metadata"]["uid"] == "a" and kept["spec"] == {"envelope": "wf"}
+
+
+def test_leases_are_read_by_name() -> None:
+    lease = {"metadata": {"name": "c-a", "resourceVersion": "7"}, "spec": {}}
+    source = WatchedClaims({}, {("ns", "wf"): [lease]})
+    assert asyncio.run(source.leases("ns", "wf")) == {"c-a": lease}
+    assert asyncio.run(source.leases("ns", "other")) == {}
