@@ -250,13 +250,13 @@ def worker(run: Run, index: int) -> None:
 def one_round(run: Run, sdk: Reservoir, client: Client, rng: random.Random, job: Round) -> None:
     claim = sdk.hold("gpus", job.name, {GPU: job.gpus}, name=job.name)
     job.uid = claim.uid
-    view = sdk.wait(claim, phase="Tentative", within=ROUND_TIMEOUT, interval=0.1)
+    view = sdk.wait(claim, phase="Tentative", within=ROUND_TIMEOUT)
     assert view.status.placement is not None
     job.node = view.status.placement.node
     time.sleep(rng.uniform(0, 0.4))
     if rng.random() < CANCEL_SHARE:
         sdk.cancel(view)
-        sdk.wait(job.name, phase="Released", within=ROUND_TIMEOUT, interval=0.1)
+        sdk.wait(job.name, phase="Released", within=ROUND_TIMEOUT)
         job.cancelled = job.done = True
         return
     job.workload = f"w-{job.name}"
@@ -266,12 +266,12 @@ def one_round(run: Run, sdk: Reservoir, client: Client, rng: random.Random, job:
     while not node_of(client, run.ns, job.workload):
         assert time.monotonic() < deadline, f"{job.workload} not bound in {ROUND_TIMEOUT}s"
         time.sleep(0.1)
-    committed = sdk.wait(job.name, condition="Committed", within=ROUND_TIMEOUT, interval=0.1)
+    committed = sdk.wait(job.name, condition="Committed", within=ROUND_TIMEOUT)
     assert committed.entry is not None
     job.handed_off_at = committed.entry.handed_off_at
     time.sleep(rng.uniform(0, 0.5))
     sdk.finish(committed, {GPU: job.gpus})
-    sdk.wait(job.name, phase="Consumed", within=ROUND_TIMEOUT, interval=0.1)
+    sdk.wait(job.name, phase="Consumed", within=ROUND_TIMEOUT)
     time.sleep(rng.uniform(0, 0.3))
     client.delete(Pod, job.workload, namespace=run.ns)
     job.done = True

@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import threading
+from collections.abc import Callable
+
 import pytest
 
 from reservoir.core.model import ClaimPhase, Outcome, Trigger
+from reservoir.k8s.resources import CLAIM_FINALIZER
 from reservoir.sdk import (
+    AsyncReservoir,
     ClaimExistsError,
+    ClaimNotFoundError,
+    ClaimView,
     DuplicateRequestIdError,
     LeaseUncertainError,
     Reservoir,
     StaleClaimError,
 )
 from tests.clusters import ClusterHandle
-from tests.integration.conftest import OperatorProcess
+from tests.integration.conftest import OperatorProcess, StartOperator
 from tests.integration.helpers import create_envelope, eventually, plugin, wait_phase
 
 
@@ -249,3 +258,163 @@ def test_a_settled_claims_result_and_history_outlive_its_worker(
 
     missing = plugin(cluster, ns, "result", "nope")
     assert missing.returncode == 1 and "branchclaim/nope not found" in missing.stderr
+
+
+# --- waits follow a watch; hold creates claims as the operator would leave them ----------
+
+
+async def _until(what: str, check: Callable[[], object]) -> None:
+    """Poll a condition on the event loop (the SDK's watch task runs meanwhile), 30 s."""
+    for _ in range(1500):
+        if check():
+            return
+        await asyncio.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+async def test_concurrent_waits_share_one_watch_and_see_changes_made_after_they_began(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator
+) -> None:
+    """No operator runs while the waits begin: each reads its claim Pending, then follows
+    the one watch this SDK holds for the namespace until the operator reserves it."""
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=60)
+    async with AsyncReservoir(namespace=ns, kubeconfig=str(cluster.kubeconfig_path)) as sdk:
+        held = [await sdk.hold("wf", f"b{i}", {"tokens": "10"}, name=f"c{i}") for i in range(8)]
+        assert sdk.watches == ()  # started by the first wait, not before
+        waits = [asyncio.ensure_future(sdk.wait(c, phase="Tentative", within=60)) for c in held]
+        try:
+            await _until("every wait to follow its claim", lambda: _following(sdk) == len(held))
+            (watch,) = sdk.watches
+            assert not any(w.done() for w in waits)
+            assert {(await sdk.get(c)).phase for c in held} == {ClaimPhase.PENDING}
+
+            await asyncio.to_thread(start_operator)
+            views = await asyncio.gather(*waits)
+        finally:
+            for w in waits:
+                w.cancel()
+        assert [v.name for v in views] == [c.name for c in held]
+        assert all(v.phase is ClaimPhase.TENTATIVE for v in views)
+        assert all(v.ledger_read and v.entry is not None for v in views)  # with the ledger
+        # One watch for all eight waits: one task, one request, one list.
+        assert sdk.watches == (watch,)
+        assert (watch.connections, watch.open_streams, watch.relists) == (1, 1, 1)
+        assert watch.waiters == 0
+        # Later waits ride the same watch.
+        again = await sdk.wait(held[0], phase="Tentative")
+        assert again.uid == held[0].uid and watch.connections == 1
+    assert sdk.watches == () and not watch.running and watch.open_streams == 0
+
+
+def _following(sdk: AsyncReservoir) -> int:
+    return sum(watch.following for watch in sdk.watches)
+
+
+async def test_a_wait_for_a_claim_deleted_meanwhile_raises_claim_not_found(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    async with AsyncReservoir(namespace=ns, kubeconfig=str(cluster.kubeconfig_path)) as sdk:
+        claim = await sdk.hold("wf", "x", {"tokens": "10"}, name="x")
+        waiting = asyncio.ensure_future(sdk.wait(claim, phase="Tentative", within=60))
+        try:
+            await _until("the wait to follow the claim", lambda: _following(sdk) == 1)
+            # No operator settles it: let it go by hand.
+            await asyncio.to_thread(
+                cluster.kubectl, "delete", "bclaim", "x", "-n", ns, "--wait=false"
+            )
+            await asyncio.to_thread(
+                cluster.kubectl,
+                "patch",
+                "bclaim",
+                "x",
+                "-n",
+                ns,
+                "--type=merge",
+                "-p",
+                '{"metadata": {"finalizers": null}}',
+            )
+            with pytest.raises(ClaimNotFoundError, match="branchclaim/x"):
+                await waiting
+        finally:
+            waiting.cancel()
+
+
+def test_the_synchronous_sdk_waits_on_a_watch_of_its_own_for_the_call_only(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=60)
+    claim = sdk.hold("wf", "x", {"tokens": "10"}, name="x")
+    answers: list[ClaimView | BaseException] = []
+
+    def wait() -> None:
+        try:
+            answers.append(sdk.wait(claim, phase="Tentative", within=60))
+        except BaseException as error:  # reported below
+            answers.append(error)
+
+    waiter = threading.Thread(target=wait)
+    waiter.start()
+    try:
+        inner = sdk._async
+        eventually("the wait to follow the claim", lambda: _following(inner) == 1, every=0.02)
+        (watch,) = inner.watches
+        assert watch.name == "x" and not answers  # a watch of this one claim
+        start_operator()
+    finally:
+        waiter.join(timeout=90)
+    (answer,) = answers
+    assert isinstance(answer, ClaimView), answer
+    assert answer.phase is ClaimPhase.TENTATIVE and answer.entry is not None
+    # The call's watch ended with the call: nothing runs between calls.
+    assert inner.watches == () and not watch.running and watch.open_streams == 0
+
+
+def test_renew_waits_for_the_grant_on_the_watch(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=30)
+    claim = wait_phase(sdk, sdk.hold("wf", "x", {"tokens": "10"}, name="x"), "Tentative")
+    renewed = sdk.renew(claim, confirm_timeout=30)
+    assert renewed.renewals == 1 and renewed.ledger_renewals >= 1
+    assert sdk._async.watches == ()
+
+
+def test_hold_creates_the_claim_with_its_finalizer_and_its_envelope_as_owner(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=60)
+    envelope_uid = cluster.kubectl(
+        "get", "renv", "wf", "-n", ns, "-o", "jsonpath={.metadata.uid}"
+    ).strip()
+    claim = sdk.hold("wf", "x", {"tokens": "10"}, name="x")
+    stored = json.loads(cluster.kubectl("get", "bclaim", "x", "-n", ns, "-o", "json"))
+    assert stored["metadata"]["finalizers"] == [CLAIM_FINALIZER]
+    assert stored["metadata"]["ownerReferences"] == [
+        {
+            "apiVersion": "reservoir.dev/v1alpha1",
+            "kind": "ReservationEnvelope",
+            "name": "wf",
+            "uid": envelope_uid,
+        }
+    ]
+    assert sdk.hold("wf", "x", {"tokens": "10"}, name="x").uid == claim.uid  # idempotent
+
+    # A claim on an envelope that does not exist (yet) has the finalizer and no owner.
+    orphan = sdk.hold("later", "y", {"tokens": "10"}, name="y")
+    meta = json.loads(cluster.kubectl("get", "bclaim", "y", "-n", ns, "-o", "json"))["metadata"]
+    assert meta["finalizers"] == [CLAIM_FINALIZER] and "ownerReferences" not in meta
+    assert orphan.name == "y"
+
+    # The operator has nothing to add to the SDK's claim: the fields stay the SDK's own.
+    start_operator()
+    wait_phase(sdk, claim, "Tentative")
+    fields = json.loads(
+        cluster.kubectl("get", "bclaim", "x", "-n", ns, "-o", "json", "--show-managed-fields")
+    )
+    owners = {
+        entry["manager"]
+        for entry in fields["metadata"]["managedFields"]
+        if {"f:finalizers", "f:ownerReferences"} & set(entry["fieldsV1"].get("f:metadata", {}))
+    }
+    assert len(owners) == 1 and "reservoir-operator" not in owners, owners

@@ -216,10 +216,13 @@ def test_the_operator_grants_no_renewal_to_a_heartbeat_from_another_holder(
 def test_a_view_of_an_earlier_claim_of_the_same_name_is_fenced(
     cluster: ClusterHandle, ns: str, sdk: Reservoir
 ) -> None:
-    """No operator: a claim that never reserved has no finalizer and goes at once."""
+    """No operator: the claim's finalizer (which the operator would remove at once, as the
+    claim never reserved anything) is removed by hand."""
     create_envelope(cluster, ns, "wf", {"tokens": "100"})
     earlier = sdk.hold("wf", "x", {"tokens": "10"}, name="x")
-    cluster.kubectl("delete", "bclaim", "x", "-n", ns)
+    cluster.kubectl("delete", "bclaim", "x", "-n", ns, "--wait=false")
+    set_finalizers(cluster, ns, "x", [])
+    cluster.kubectl("wait", "--for=delete", "bclaim/x", "-n", ns, "--timeout=60s")
     retry = sdk.hold("wf", "x", {"tokens": "10"}, name="x", attempt=2)
     assert retry.uid != earlier.uid
 

@@ -65,3 +65,14 @@ def test_leases_are_read_by_name() -> None:
     source = WatchedClaims({}, {("ns", "wf"): [lease]})
     assert asyncio.run(source.leases("ns", "wf")) == {"c-a": lease}
     assert asyncio.run(source.leases("ns", "other")) == {}
+
+
+def test_a_deletion_the_watch_delivered_is_remembered_and_drops_the_overlay() -> None:
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "wf"): [claim("a", "1")]}
+    source = WatchedClaims(index, {})
+    source.written(claim("a", "1"), claim("a", "2"))
+    assert not source.deleted("a")
+    source.saw_deleted("a")
+    assert source.deleted("a")
+    assert not source.own_write("a", "2"), "a deleted claim's old write is no news either way"
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["1"]

@@ -71,10 +71,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["reservoir.dev"]
   resources: ["reservationenvelopes/status", "branchclaims/status"]
   verbs: ["update", "patch"]
-# Claims' heartbeat Leases: renewal requests, read only.
+# Claims' heartbeat Leases: renewal requests, read only (watched; one read again before
+# a lease end is decided, in case the watch is behind).
 - apiGroups: ["coordination.k8s.io"]
   resources: ["leases"]
-  verbs: ["list", "watch"]
+  verbs: ["get", "list", "watch"]
 # Workload pods labelled reservoir.dev/claim (PodScheduled/PodRunning commit points; patch
 # lifts a GPU claim's hand-off gate), and the placeholder pods it creates and deletes to
 # hold GPU claims' devices.
@@ -85,7 +86,7 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 - apiGroups: ["resource.k8s.io"]
   resources: ["resourceclaims"]
   verbs: ["list", "watch", "create", "delete"]
-# An Event for every transition (kopf posts core/v1 Events).
+# Events: settlements, warnings, provider and loan news (kopf posts core/v1 Events).
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["create"]

@@ -93,7 +93,12 @@ from reservoir.core.policy import (
     queue_expired,
     request_problem,
 )
-from reservoir.core.provider import FIRST_LOOKUP_WAIT_SECONDS, late_answer_wanted, needs_lookup
+from reservoir.core.provider import (
+    FIRST_LOOKUP_WAIT_SECONDS,
+    cancel_to_forward,
+    late_answer_wanted,
+    needs_lookup,
+)
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -396,11 +401,18 @@ def _has_room_for(
 def _next_lookups(
     result: Reconciliation, envelope: EnvelopeFacts, claims: Mapping[str, ClaimFacts]
 ) -> datetime | None:
-    """When a claim that needs its provider asked is due for the next lookup."""
+    """When a claim that needs its provider asked is due for the next lookup, or a cancel
+    this pass recorded is due to be forwarded (the next pass forwards it, on the recorded
+    request: at once the first time, then every FIRST_LOOKUP_WAIT_SECONDS until it goes)."""
     policy = envelope.spec.policy
     moments: list[datetime] = []
     for uid, facts in claims.items():
         entry = result.entry(uid) or facts.settled_record
+        if entry is not None and cancel_to_forward(entry, facts.spec, policy) is not None:
+            tried = entry.provider is not None and entry.provider.cancel is not None
+            moments.append(
+                result.now + timedelta(seconds=FIRST_LOOKUP_WAIT_SECONDS if tried else 0)
+            )
         if entry is None or not needs_lookup(entry, facts.spec, policy):
             continue
         record = entry.provider

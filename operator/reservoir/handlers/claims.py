@@ -63,7 +63,9 @@ async def wake_the_envelope(
     if not namespace:
         return
     gone = event.get("type") == "DELETED"
-    if not gone and services.writer.own_write(uid, str(meta.get("resourceVersion"))):
+    if gone:
+        services.writer.saw_deleted(uid)
+    elif services.writer.own_write(uid, str(meta.get("resourceVersion"))):
         return
     if not gone:
         await adopt(services, namespace, body, envelope)

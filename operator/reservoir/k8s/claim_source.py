@@ -34,6 +34,9 @@ Key = tuple[str, str]  # (namespace, envelope name)
 # How long a written-through object is kept when the watch never shows a newer one (the
 # claim was deleted meanwhile): long enough for any watch lag, short enough to stay small.
 WRITTEN_KEEP_SECONDS = 120.0
+# How long a deletion the watch delivered is remembered: a settled entry of a deleted claim
+# is compacted by the next pass; one left longer is read with a GET, which answers too.
+DELETED_KEEP_SECONDS = 600.0
 
 
 def indexed(body: Mapping[str, Any]) -> Body:
@@ -55,6 +58,8 @@ class ClaimSource(Protocol):
     def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None: ...
 
     def own_write(self, uid: str, version: str) -> bool: ...
+
+    def deleted(self, uid: str) -> bool: ...
 
 
 @dataclass
@@ -87,6 +92,9 @@ class ListedClaims:
     def own_write(self, uid: str, version: str) -> bool:
         return False
 
+    def deleted(self, uid: str) -> bool:
+        return False
+
 
 # A kopf.Index (or any mapping like it): the bodies stored under each key.
 Index = Mapping[Key, Iterable[Body]]
@@ -111,6 +119,8 @@ class WatchedClaims:
     fresh: bool = False
     _written: dict[str, Written] = field(default_factory=dict)  # by claim UID
     _own_versions: dict[str, str] = field(default_factory=dict)  # claim UID -> version
+    # Claims the watch saw deleted (its DELETED event): gone for good, no GET needed.
+    _deleted: dict[str, float] = field(default_factory=dict)  # claim UID -> when seen
 
     async def claims(self, namespace: str, envelope: str) -> list[Body]:
         now = time.monotonic()
@@ -156,3 +166,17 @@ class WatchedClaims:
             del self._own_versions[uid]
             return True
         return False
+
+    def saw_deleted(self, uid: str) -> None:
+        """The watch delivered the claim's deletion: the API server says it is gone."""
+        now = time.monotonic()
+        self._deleted[uid] = now
+        self._written.pop(uid, None)
+        self._own_versions.pop(uid, None)
+        if len(self._deleted) > 4096:
+            self._deleted = {
+                u: at for u, at in self._deleted.items() if now - at < DELETED_KEEP_SECONDS
+            }
+
+    def deleted(self, uid: str) -> bool:
+        return uid in self._deleted

@@ -45,6 +45,7 @@ from reservoir.core.model import (
     ParentRecord,
     ReservationEnvelopeStatus,
 )
+from reservoir.core.model import Trigger as Cause
 from reservoir.core.policy import settlement_due
 from reservoir.core.provider import (
     Adapter,
@@ -59,7 +60,7 @@ from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
-from reservoir.k8s.claim_source import ClaimSource, ListedClaims
+from reservoir.k8s.claim_source import ClaimSource, ListedClaims, WatchedClaims
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.providers import ProviderClient
@@ -85,10 +86,20 @@ LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
 ROUTINE_PHASES = frozenset({ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING})
 
 
-def moves_capacity(before: LedgerEntry | None, after: LedgerEntry) -> bool:
-    """Whether a pass's decision about one entry takes or returns capacity: a claim
-    admitted, or one whose phase moved."""
-    return before is None or before.phase != after.phase
+def decided_on_absence(before: LedgerEntry | None, after: LedgerEntry) -> bool:
+    """Whether a pass's decision about one entry rests on a fact being absent, which a
+    stale copy of the claim could wrongly show: an admission (no settlement recorded in
+    its status: one compacted away would otherwise be admitted again) and a move the clock
+    decided (a lease end without a renewal or dispatch, a deadline without a report). A
+    move decided on a fact the copy shows (a dispatch, a final report, a cancel, a
+    deletion, a force-settle annotation) stands: a newer copy still shows that fact, and
+    every fact recorded before it."""
+    if before is None:
+        return True
+    if before.phase == after.phase:
+        return False
+    moves = [t for t in after.history if t not in before.history]
+    return not moves or any(t.trigger is Cause.CLOCK for t in moves)
 
 
 def versions(
@@ -270,6 +281,11 @@ class LedgerWriter:
         """Whether this claim version is the writer's own status write (no news)."""
         return self.source.own_write(uid, version)
 
+    def saw_deleted(self, uid: str) -> None:
+        """The watch delivered a claim's deletion (no GET needed to know it is gone)."""
+        if isinstance(self.source, WatchedClaims):
+            self.source.saw_deleted(uid)
+
     def has(self, namespace: str, envelope: str) -> bool:
         """Whether the envelope exists, as the watch last showed it (its writer then
         releases its deleted claims itself, once their settlement is recorded)."""
@@ -358,6 +374,7 @@ class LedgerWriter:
             gone = self._gone.setdefault((namespace, name), set())
             gone &= set(status.entries)
             present = {c["metadata"]["uid"] for c in claims}
+            gone |= {u for u in status.entries if u not in present and self.source.deleted(u)}
             missing = {u: e.claim for u, e in status.entries.items() if u not in present | gone}
             claims, leases = await self._confirm(namespace, missing, claims, leases, set())
             gone |= set(missing) - {c["metadata"]["uid"] for c in claims}
@@ -377,7 +394,7 @@ class LedgerWriter:
         result = await self._decide(
             envelope, envelope_facts, status, read_facts.facts, now, devices
         )
-        # A decision that takes or returns capacity is taken again on the claims read
+        # A decision that rests on a fact being absent is taken again on the claims read
         # fresh when the index's copies were not the latest: a stale copy can only lack a
         # fact (a dispatch, a renewal, a settlement its status records), never add one.
         # Each round reads claims not read yet, so the rounds end (at worst when every
@@ -386,7 +403,7 @@ class LedgerWriter:
             moving = {
                 uid: entry.claim
                 for uid, entry in result.status.entries.items()
-                if uid not in confirmed and moves_capacity(status.entries.get(uid), entry)
+                if uid not in confirmed and decided_on_absence(status.entries.get(uid), entry)
             }
             if not moving:
                 break
@@ -462,7 +479,14 @@ class LedgerWriter:
             namespace, name, snapshot(envelope, envelope_facts, claims, result)
         )
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
-        mirrored = await self._mirror(namespace, name, claims, result, now, problems)
+        mirrored, rewritten = await self._mirror(namespace, name, claims, result, now, problems)
+        if any(
+            uid in rewritten and entry.phase.terminal
+            for uid, entry in result.status.entries.items()
+        ):
+            # A settled entry whose claim's status now carries the record can be compacted
+            # away: the next pass does it (the status writes themselves wake no pass).
+            result.wake_at = now
         durable = held_back & mirrored
         self._announce(
             namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
@@ -769,13 +793,15 @@ class LedgerWriter:
         result: Reconciliation,
         now: datetime,
         problems: Mapping[str, str],
-    ) -> set[str]:
+    ) -> tuple[set[str], set[str]]:
         """Write each claim's status from the ledger just read or written (its entry, its
         queue position, or a record kept off the ledger), if it moved. Conditional on the
         claim's resourceVersion; a conflict just waits for the next reconcile, since the
         mirror can always be recomputed. A refused write is reported, never raised.
-        Returns the UIDs whose status now says what the ledger says."""
+        Returns the UIDs whose status now says what the ledger says, and of them those whose
+        status this call wrote."""
         mirrored: set[str] = set()
+        rewritten: set[str] = set()  # of them, those whose status this call wrote
         statuses = self._statuses.get((namespace, envelope), {})
         parsed: dict[tuple[str, str], BranchClaimStatus | None] = {}
         writes: list[tuple[dict[str, Any], BranchClaimStatus]] = []
@@ -823,6 +849,7 @@ class LedgerWriter:
                 self.source.written(claim, after)
                 parsed[(meta["uid"], after["metadata"]["resourceVersion"])] = wanted
                 mirrored.add(meta["uid"])
+                rewritten.add(meta["uid"])
             except ApiError as error:
                 if error.status.code in (404, 409):
                     self.poke(namespace, claim["spec"].get("envelope", ""))
@@ -833,7 +860,7 @@ class LedgerWriter:
                     raise
 
         await asyncio.gather(*(write(claim, wanted) for claim, wanted in writes))
-        return mirrored
+        return mirrored, rewritten
 
 
 def routine(event: LedgerEvent) -> bool:

@@ -49,6 +49,14 @@ other holder and is not cancelled, deleting, settled or Detached, and never taki
 Lease another holder holds. The Lease write is conditional on the Lease's resourceVersion.
 It then waits for the operator, the authority, to grant the renewal.
 
+`wait` (and `renew`'s wait for the grant) follows the claim through a watch, not by
+polling: an `AsyncReservoir` runs one watch of its namespace's claims, started by the first
+wait and stopped by `close()`, shared by all its waits (`reservoir.sdk.watch`). `Reservoir`,
+which runs an event loop only during a call, opens a watch of the one claim for each wait.
+
+`hold` creates the claim with what the operator would otherwise add to it: the claim
+finalizer (`CLAIM_FINALIZER`), and an owner reference to its envelope (when it exists).
+
     async with AsyncReservoir(namespace="team-a") as reservoir:
         claim = await reservoir.hold("research-agent", "web-search", {"tokens": "20k"})
         claim = await reservoir.wait(claim, phase="Tentative")
@@ -97,6 +105,7 @@ from reservoir.core.quantity import format_quantity, parse_resources
 from reservoir.k8s.facts import as_dict
 from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
+    CLAIM_FINALIZER,
     CLAIM_LABEL,
     ENVELOPE_LABEL,
     BranchClaim,
@@ -113,6 +122,7 @@ from reservoir.sdk.errors import (
     StaleClaimError,
 )
 from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView, ResultView
+from reservoir.sdk.watch import ClaimWatch, Predicate, WaitTimeoutError
 
 FENCED_RETRIES = 5
 # A worker stops starting irreversible work this long before its lease's expiry.
@@ -182,11 +192,19 @@ class AsyncReservoir:
         kubeconfig: str | None = None,
         holder: str | None = None,
         client: AsyncClient | None = None,
+        *,
+        shared_watch: bool = True,
     ) -> None:
+        """`shared_watch`: waits share one watch of the namespace's claims, running from
+        the first wait until `close()`; False: each wait watches its one claim for as long
+        as it waits (for an event loop that does not run between calls)."""
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
         self.client = client or AsyncClient(config=config, field_manager="reservoir-sdk")
         self.namespace = namespace or self.client.namespace
         self.holder = holder or os.environ.get(HOLDER_ENV) or f"{os.uname().nodename}/{os.getpid()}"
+        self.shared_watch = shared_watch
+        self._watches: dict[str, ClaimWatch] = {}  # shared, by namespace
+        self._call_watches: set[ClaimWatch] = set()  # without shared_watch: one per wait
 
     async def __aenter__(self) -> AsyncReservoir:
         return self
@@ -195,7 +213,21 @@ class AsyncReservoir:
         await self.close()
 
     async def close(self) -> None:
-        await self.client.close()
+        """Stop the watches, then close the connections."""
+        try:
+            for watch in [*self._watches.values(), *self._call_watches]:
+                await watch.stop()
+            self._watches.clear()
+            self._call_watches.clear()
+        finally:
+            await self.client.close()
+
+    @property
+    def watches(self) -> tuple[ClaimWatch, ...]:
+        """The watches this SDK runs now (one per namespace it waits in; none before the
+        first wait, after `close()`, or without `shared_watch` outside a wait)."""
+        watches = [*self._watches.values(), *self._call_watches]
+        return tuple(watch for watch in watches if watch.running)
 
     # --- reading ------------------------------------------------------------------------
 
@@ -304,26 +336,28 @@ class AsyncReservoir:
         phase: str | ClaimPhase | None = None,
         condition: str | None = None,
         within: float = 60.0,
-        interval: float = 0.2,
     ) -> ClaimView:
-        """Until the claim's status shows `phase` or `condition` True; TimeoutError
-        otherwise. (The status mirrors the ledger: once it shows a phase, the ledger has
-        reached it.)"""
+        """Until the claim's status shows `phase` and `condition` True (the first view
+        that does, with its ledger entry); TimeoutError after `within` seconds;
+        ClaimNotFoundError if the claim does not exist or is deleted meanwhile. (The
+        status mirrors the ledger: once it shows a phase, the ledger has reached it.)
+        The claim is read once the watch follows it, then followed by the watch's
+        events; while the watch is broken, it is read every second or so."""
         name = claim.name if isinstance(claim, ClaimView) else claim
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + within
-        while True:
-            view = await self._read_claim(name)
-            if (phase is None or view.phase == phase) and (
+
+        def shows(view: ClaimView) -> bool:
+            return (phase is None or view.phase == phase) and (
                 condition is None or view.condition(condition)
-            ):
-                return await self._with_ledger(view)
-            if loop.time() > deadline:
-                raise TimeoutError(
-                    f"branchclaim/{view.name} is {view.phase.value}, "
-                    f"not {phase or condition}, after {within:.0f}s"
-                )
-            await asyncio.sleep(interval)
+            )
+
+        try:
+            view = await self._await_claim(name, shows, within)
+        except WaitTimeoutError as timeout:
+            raise TimeoutError(
+                f"branchclaim/{name} is {timeout.last.phase.value}, "
+                f"not {phase or condition}, after {within:.0f}s"
+            ) from None
+        return await self._with_ledger(view)
 
     # --- the verbs ----------------------------------------------------------------------
 
@@ -368,15 +402,31 @@ class AsyncReservoir:
             placement=placement,
             retry_window_seconds=retry_window_seconds,
         )
+        if spec.upstream.request_id is not None:
+            await self._refuse_duplicate_request(spec.upstream.request_id, name)
+        # Born with what the operator would otherwise patch in: the claim finalizer and,
+        # when the envelope exists, its owner reference (as the operator sets it).
+        owner = await self._read_envelope(envelope)
         metadata = ObjectMeta(
             name=name,
             generateName=None if name else f"{envelope}-{branch}-"[:58],
             namespace=self.namespace,
             labels={ENVELOPE_LABEL: envelope},
+            finalizers=[CLAIM_FINALIZER],
+            ownerReferences=(
+                [
+                    OwnerReference(
+                        apiVersion=f"{API_GROUP}/{API_VERSION}",
+                        kind="ReservationEnvelope",
+                        name=envelope,
+                        uid=owner["metadata"]["uid"],
+                    )
+                ]
+                if owner is not None
+                else None
+            ),
         )
         body = BranchClaim(metadata=metadata, spec=spec.to_api())
-        if spec.upstream.request_id is not None:
-            await self._refuse_duplicate_request(spec.upstream.request_id, name)
         for _ in range(FENCED_RETRIES):
             try:
                 created = await self.client.create(body)
@@ -499,21 +549,51 @@ class AsyncReservoir:
         await self._beat(view)
         if confirm_timeout is None:
             return view
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + confirm_timeout
-        while loop.time() < deadline:
-            await asyncio.sleep(0.1)
-            view = await self._current(claim)
-            if view.renewals > before:
-                return view
-            if self._renew_problem(view):
-                break  # settled, Detached, cancelled, deleting...: no grant is coming
+
+        uid, attempt = view.uid, view.spec.attempt
+
+        def granted_or_hopeless(current: ClaimView) -> bool:
+            # Another claim of the name, settled, Detached, cancelled, deleting...: no
+            # grant is coming; the claim as read next says which.
+            return (
+                current.renewals > before
+                or current.uid != uid
+                or current.spec.attempt != attempt
+                or self._renew_problem(current) is not None
+            )
+
+        try:
+            await self._await_claim(view.name, granted_or_hopeless, confirm_timeout)
+        except WaitTimeoutError:
+            pass  # read once more below: a grant may have landed just now
+        except ClaimNotFoundError:
+            raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
+        view = await self._current(claim)
+        if view.renewals > before:
+            return view
         raise LeaseUncertainError(
             f"branchclaim/{view.name}: renewal not confirmed (phase {view.ledger_phase.value}); "
             "do not start irreversible work"
         )
 
     # --- internals ----------------------------------------------------------------------
+
+    async def _await_claim(self, name: str, predicate: Predicate, within: float) -> ClaimView:
+        """The first view of the claim (without its ledger entry) that satisfies
+        `predicate`: through this SDK's shared watch of its namespace, or through a watch of
+        this one claim for as long as the wait lasts. WaitTimeoutError, ClaimNotFoundError."""
+        if self.shared_watch:
+            watch = self._watches.get(self.namespace)
+            if watch is None:
+                watch = self._watches[self.namespace] = ClaimWatch(self.client, self.namespace)
+            return await watch.wait_for(name, predicate, within, self._read_claim)
+        watch = ClaimWatch(self.client, self.namespace, name=name)
+        self._call_watches.add(watch)
+        try:
+            return await watch.wait_for(name, predicate, within, self._read_claim)
+        finally:
+            self._call_watches.discard(watch)
+            await watch.stop()
 
     async def _read_claim(self, name: str) -> ClaimView:
         try:
@@ -832,9 +912,8 @@ class Reservoir:
         phase: str | ClaimPhase | None = None,
         condition: str | None = None,
         within: float = 60.0,
-        interval: float = 0.2,
     ) -> ClaimView:
-        return self._run(self._async.wait(claim, phase, condition, within, interval))
+        return self._run(self._async.wait(claim, phase, condition, within))
 
     def hold(
         self, envelope: str, branch: str, requests: Mapping[str, str | int], **options: Any
@@ -887,5 +966,8 @@ class Reservoir:
 async def _make_async(
     namespace: str | None, kubeconfig: str | None, holder: str | None
 ) -> AsyncReservoir:
-    # The async client must be created inside the loop that will run it.
-    return AsyncReservoir(namespace=namespace, kubeconfig=kubeconfig, holder=holder)
+    # The async client must be created inside the loop that will run it. No loop runs
+    # between the synchronous SDK's calls to serve a shared watch: each wait has its own.
+    return AsyncReservoir(
+        namespace=namespace, kubeconfig=kubeconfig, holder=holder, shared_watch=False
+    )
