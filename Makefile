@@ -15,7 +15,7 @@ help:
 	@echo "make cluster-down  stop it, leaving no process behind"
 	@echo "make crds          regenerate crds/ from the pydantic models"
 	@echo "make dashboard     regenerate the Grafana dashboard from reservoir/dashboard.py"
-	@echo "make bench         settlement throughput and latency vs a raw API baseline"
+	@echo "make bench         benchmarks vs a raw API baseline and Kueue (BENCH=full: long)"
 
 venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
@@ -57,9 +57,14 @@ test-integration: venv tools
 demo: venv cluster-up
 	bash examples/demo.sh
 
-# Not a test: figures and ratios against a raw-API baseline measured in the same run.
-bench: venv cluster-up
-	$(BIN)/python bench/settlement.py
+# Not a test: figures and ratios against a raw-API baseline (and Kueue) measured in the
+# same run, on a control plane of its own (.cluster/bench, audit log on), stopped at the end.
+# `make bench` is the quick run (minutes); `make bench BENCH=full` the issue's sizes (long).
+# Results: bench/results/ (JSON, PNG, the operator's profile, summary.md).
+BENCH ?= quick
+bench: venv tools
+	@$(BIN)/python -c 'import pyinstrument, matplotlib' 2>/dev/null || $(BIN)/pip install -q -e '.[dev,bench]'
+	$(BIN)/python bench/run.py $(if $(filter full,$(BENCH)),--full) $(BENCH_ARGS)
 
 clean: cluster-down
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -22,6 +22,10 @@ to ``<dir>/logs/<component>.log``; a readiness failure names the component and i
 ``--audit`` (or RESERVOIR_AUDIT=1) makes kube-apiserver write an audit log of pod
 bindings, pod and ResourceClaim writes at RequestResponse level to ``<dir>/logs/audit.log``
 (JSON lines); ``up --audit`` restarts a healthy cluster that runs without one.
+``--audit-all`` (or RESERVOIR_AUDIT=all), for the benchmarks, logs every request instead,
+at Metadata level (who, verb, resource, response code; no bodies), so that the API
+server itself counts each client's requests. ``up`` restarts a healthy cluster whose audit
+mode is another.
 
 Standard library only, so it runs before any virtualenv exists.
 """
@@ -183,13 +187,36 @@ def audit_policy() -> dict[str, object]:
     }
 
 
+def audit_policy_all() -> dict[str, object]:
+    """Every request at Metadata level: user, verb, resource, namespace and response code,
+    without bodies. Each request is logged once, when its response completes (a watch's
+    only when it ends)."""
+    return {
+        "apiVersion": "audit.k8s.io/v1",
+        "kind": "Policy",
+        "omitStages": ["RequestReceived", "ResponseStarted"],
+        "rules": [{"level": "Metadata"}],
+    }
+
+
+def audit_mode(audit: bool | str | None) -> str | None:
+    """The audit mode a flag, an environment value or a saved state names: "writes" (True,
+    1, true, yes), "all", else None (off)."""
+    if isinstance(audit, str):
+        value = audit.strip().lower()
+        if value in ("1", "true", "yes", "writes"):
+            return "writes"
+        return "all" if value == "all" else None
+    return "writes" if audit else None
+
+
 @dataclass
 class ClusterState:
     """What ``up`` wrote to disk, so ``down`` and ``status`` can find the processes."""
 
     pids: dict[str, int] = field(default_factory=dict)
     ports: dict[str, int] = field(default_factory=dict)
-    audit: bool = False
+    audit: bool | str = False  # False, True ("writes") or "all"
 
     @classmethod
     def load(cls, path: Path) -> ClusterState:
@@ -406,9 +433,10 @@ def http_ok(url: str) -> bool:
 
 class LocalCluster:
     def __init__(
-        self, directory: Path, nodes: NodeShape | None = None, audit: bool | None = None
+        self, directory: Path, nodes: NodeShape | None = None, audit: bool | str | None = None
     ) -> None:
-        """audit None: from RESERVOIR_AUDIT (off unless set to 1/true/yes)."""
+        """audit: True (or "writes") for the default audit policy, "all" for every request
+        at Metadata level; None: from RESERVOIR_AUDIT (off unless 1/true/yes, or all)."""
         self.dir = directory.resolve()
         self.pki = self.dir / "pki"
         self.logs = self.dir / "logs"
@@ -418,18 +446,20 @@ class LocalCluster:
         self.audit_log = self.logs / "audit.log"
         self.nodes = nodes or NodeShape()
         if audit is None:
-            audit = os.environ.get("RESERVOIR_AUDIT", "").lower() in ("1", "true", "yes")
-        self.audit = audit
+            audit = os.environ.get("RESERVOIR_AUDIT", "")
+        self.audit_mode = audit_mode(audit)
+        self.audit = self.audit_mode is not None
         self.binaries: Path | None = None
 
     # - public verbs -
 
     def up(self) -> None:
         if self.healthy():
-            if ClusterState.load(self.state_file).audit or not self.audit:
+            running = audit_mode(ClusterState.load(self.state_file).audit)
+            if not self.audit or running == self.audit_mode:
                 log(f"already running (kubeconfig: {self.kubeconfig})")
                 return
-            log("restarting: the audit log was asked for and is off")
+            log(f"restarting: audit mode {self.audit_mode} was asked for, it runs {running}")
         self.down(quiet=True)
         started = time.monotonic()
         self.binaries = build_binaries()
@@ -440,8 +470,10 @@ class LocalCluster:
         shutil.rmtree(self.dir / "etcd-data", ignore_errors=True)
         ensure_pki(self.pki)
         if self.audit:
-            self.audit_policy.write_text(json.dumps(audit_policy(), indent=2))
-        state = ClusterState(ports={name: free_port() for name in COMPONENTS}, audit=self.audit)
+            policy = audit_policy_all() if self.audit_mode == "all" else audit_policy()
+            self.audit_policy.write_text(json.dumps(policy, indent=2))
+        saved: bool | str = "all" if self.audit_mode == "all" else self.audit
+        state = ClusterState(ports={name: free_port() for name in COMPONENTS}, audit=saved)
         state.ports["etcd-peer"] = free_port()
         write_kubeconfig(self.kubeconfig, self.pki, state.ports["kube-apiserver"])
         try:
@@ -654,9 +686,15 @@ def main(argv: list[str] | None = None) -> int:
         help="audit log of pod bindings and pod/ResourceClaim writes in <dir>/logs/audit.log "
         "(default: RESERVOIR_AUDIT)",
     )
+    parser.add_argument(
+        "--audit-all",
+        action="store_true",
+        help="audit log of every request at Metadata level, for the benchmarks",
+    )
     args = parser.parse_args(argv)
     shape = NodeShape(count=args.nodes, gpus=args.gpus_per_node, gpu_product=args.gpu_product)
-    cluster = LocalCluster(Path(args.dir), shape, audit=args.audit)
+    audit: bool | str | None = "all" if args.audit_all else args.audit
+    cluster = LocalCluster(Path(args.dir), shape, audit=audit)
     try:
         if args.verb == "build":
             print(build_binaries())

@@ -2,8 +2,11 @@
 # Builds the local control plane's binaries from the pinned Go modules under hack/tools/,
 # caching each part by version so that only the first run pays for the build.
 #
-#   hack/tools/build.sh     build what is missing; prints the directory holding the binaries
+#   hack/tools/build.sh        build what is missing; prints the directory holding the binaries
+#   hack/tools/build.sh kueue  build only Kueue's manager (for `make bench`); prints the same
 #
+# Kueue (the comparison in the benchmarks) is never built by default, so `make test` and CI
+# do not pay for it: only `build.sh kueue`, or RESERVOIR_TOOLS_KUEUE=1 with the rest.
 # Cache: ${RESERVOIR_CACHE:-$HOME/.cache/reservoir}/bin/<part>-<version>/
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -37,6 +40,20 @@ build_part() {
   for f in "$out"/*; do ln -sfn "$f" "$bin/$(basename "$f")"; done
 }
 
+# Kueue's manager, sigs.k8s.io/kueue/cmd/kueue. Kueue's own go.mod has no replace
+# directives, so the plain module requirement in hack/tools/kueue/go.mod builds it as is.
+build_kueue() {
+  build_part kueue "$KUEUE_VERSION" \
+    "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=${KUEUE_VERSION} -X sigs.k8s.io/kueue/pkg/version.GitCommit=unknown -X sigs.k8s.io/kueue/pkg/version.BuildDate=1970-01-01T00:00:00Z" \
+    sigs.k8s.io/kueue/cmd/kueue
+}
+
+case "${1:-}" in
+  "") ;;
+  kueue) build_kueue; echo "$bin"; exit 0 ;;
+  *) echo "usage: $0 [kueue]" >&2; exit 2 ;;
+esac
+
 k8s_minor="${KUBERNETES_VERSION#v1.}"; k8s_minor="${k8s_minor%%.*}"
 k8s_ldflags="-s -w"
 for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
@@ -66,4 +83,5 @@ for kv in "Version=${prom_release}" Revision=unknown Branch=HEAD BuildUser=reser
 done
 build_part prometheus "$PROMETHEUS_VERSION" "$prom_ldflags" -tags=remove_all_sd \
   github.com/prometheus/prometheus/cmd/promtool
+if [ "${RESERVOIR_TOOLS_KUEUE:-0}" = 1 ]; then build_kueue; fi
 echo "$bin"

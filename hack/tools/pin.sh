@@ -55,3 +55,5 @@ pin_simple kwok sigs.k8s.io/kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok
 pin_simple helm helm.sh/helm/v3 "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 pin_simple prometheus github.com/prometheus/prometheus "$PROMETHEUS_VERSION" \
   github.com/prometheus/prometheus/cmd/promtool
+# Kueue's manager: built only for the benchmarks' side-by-side (`build.sh kueue`).
+pin_simple kueue sigs.k8s.io/kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
