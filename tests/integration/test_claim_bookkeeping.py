@@ -31,6 +31,12 @@ def metadata(cluster: ClusterHandle, ns: str, name: str) -> dict[str, object]:
     return dict(found.get("metadata") or {})
 
 
+def settle_one(sdk: Reservoir, name: str) -> None:
+    """A claim on envelope wf through its happy path: reserved, committed, consumed."""
+    claim = sdk.hold("wf", name, {"tokens": "10"}, name=name, dispatch=True)
+    wait_phase(sdk, sdk.finish(wait_phase(sdk, claim, "Committed"), {"tokens": "3"}), "Consumed")
+
+
 def test_a_kubectl_claim_is_adopted_and_released_once_settled(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
 ) -> None:
@@ -71,13 +77,7 @@ def test_only_settlements_post_events_unless_every_transition_is_asked_for(
 ) -> None:
     start_operator()
     create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
-    quiet = sdk.finish(
-        wait_phase(
-            sdk, sdk.hold("wf", "q", {"tokens": "10"}, name="q", dispatch=True), "Committed"
-        ),
-        {"tokens": "3"},
-    )
-    wait_phase(sdk, quiet, "Consumed")
+    settle_one(sdk, "q")
     reasons = eventually("the settlement Event", lambda: events_of(cluster, ns, "q"))
     assert "Completed" in reasons and "Reserved" not in reasons, reasons
     assert sdk.history("q")[0].reason == "Reserved", "recorded in the history all the same"
@@ -88,13 +88,7 @@ def test_every_transition_posts_an_event_when_asked(
 ) -> None:
     start_operator("--transition-events=all")
     create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
-    loud = sdk.finish(
-        wait_phase(
-            sdk, sdk.hold("wf", "l", {"tokens": "10"}, name="l", dispatch=True), "Committed"
-        ),
-        {"tokens": "3"},
-    )
-    wait_phase(sdk, loud, "Consumed")
+    settle_one(sdk, "l")
     eventually(
         "an Event per transition",
         lambda: {"Reserved", "CommitPointReached", "Completed"} <= set(events_of(cluster, ns, "l")),

@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol
 
 from lightkube import ApiError, AsyncClient
@@ -80,6 +80,9 @@ LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 # Claim reads and writes in flight at once, for all envelopes: within the HTTP client's
 # pool of kept-alive connections (20), so that none is opened per request under load.
 REQUESTS_IN_FLIGHT = 16
+# A claim's status shows usage reported on the way at most this late: a report followed by
+# the final report (or any other move) within it costs one status write, not two.
+MIRROR_USAGE_WITHIN = timedelta(seconds=2)
 # A lease that ends moves the claim here: the renewal the index may lack is read first.
 LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
 # The happy path's moves: announced by an Event only with `every_transition`.
@@ -264,6 +267,8 @@ class LedgerWriter:
         self._parsed: dict[tuple[str, str], Mapping[FactsKey, ClaimFacts | read.InvalidClaim]] = {}
         # Claims' statuses as parsed or written, by namespace then (UID, resourceVersion).
         self._statuses: dict[tuple[str, str], dict[tuple[str, str], BranchClaimStatus | None]] = {}
+        # Usage-only status changes held back, by envelope: claim UID -> when due.
+        self._deferred: dict[tuple[str, str], dict[str, datetime]] = {}
         # Claims whose deletion waits for settlement, already announced (once each).
         self._awaiting: set[str] = set()
         self._triggers: dict[tuple[str, str], Trigger] = {}
@@ -293,7 +298,7 @@ class LedgerWriter:
 
     def forget(self, namespace: str, envelope: str) -> None:
         """The envelope is going: what this writer kept about it goes too."""
-        for kept in (self._parsed, self._statuses, self._gone):
+        for kept in (self._parsed, self._statuses, self._gone, self._deferred):
             kept.pop((namespace, envelope), None)
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
@@ -803,6 +808,8 @@ class LedgerWriter:
         mirrored: set[str] = set()
         rewritten: set[str] = set()  # of them, those whose status this call wrote
         statuses = self._statuses.get((namespace, envelope), {})
+        deferred = dict(self._deferred.get((namespace, envelope), {}))
+        wake: datetime | None = None
         parsed: dict[tuple[str, str], BranchClaimStatus | None] = {}
         writes: list[tuple[dict[str, Any], BranchClaimStatus]] = []
         for claim in claims:
@@ -829,9 +836,21 @@ class LedgerWriter:
             if previous is not None and wanted == previous:
                 mirrored.add(uid)
                 continue
+            if previous is not None and only_usage_moved(previous, wanted):
+                # Usage reported on the way: mirrored with the next move, or once it has
+                # waited MIRROR_USAGE_WITHIN (a report then a final report: one write).
+                due = deferred.setdefault(uid, now + MIRROR_USAGE_WITHIN)
+                if now < due:
+                    wake = min(wake or due, due)
+                    continue
+            deferred.pop(uid, None)
             writes.append((claim, wanted))
+        if wake is not None:
+            result.wake_at = min(result.wake_at or wake, wake)
         # Each envelope's statuses parsed by version: the next pass parses only new ones.
         self._statuses[(namespace, envelope)] = parsed
+        here = {c["metadata"]["uid"] for c in claims}
+        self._deferred[(namespace, envelope)] = {u: d for u, d in deferred.items() if u in here}
         limit = self._fan_out
 
         async def write(claim: dict[str, Any], wanted: BranchClaimStatus) -> None:
@@ -861,6 +880,13 @@ class LedgerWriter:
 
         await asyncio.gather(*(write(claim, wanted) for claim, wanted in writes))
         return mirrored, rewritten
+
+
+def only_usage_moved(previous: BranchClaimStatus, wanted: BranchClaimStatus) -> bool:
+    """Whether the status to write differs from the one shown in the usage so far alone."""
+    return wanted.usage != previous.usage and wanted == previous.model_copy(
+        update={"usage": wanted.usage}
+    )
 
 
 def routine(event: LedgerEvent) -> bool:
