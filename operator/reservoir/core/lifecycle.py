@@ -684,7 +684,8 @@ def record_after_settlement(step: Step) -> None:
         # final report, with it, or after it (found by the tree audit: one look or two
         # must record the same). Nothing moves: the claim has settled.
         entry.cancel_requested = True
-        step.note("CancelRequested", "cancel requested after settlement: recorded")
+        if spec.cancel:  # deleting a settled claim is its normal end, not news
+            step.note("CancelRequested", "cancel requested after settlement: recorded")
     pod = facts.pod
     pod_started = pod is not None and (pod.scheduled or pod.running)
     if pod_started and never_ran and not entry.pod_started_late:

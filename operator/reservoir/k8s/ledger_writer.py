@@ -83,6 +83,7 @@ REQUESTS_IN_FLIGHT = 16
 # A claim's status shows usage reported on the way at most this late: a report followed by
 # the final report (or any other move) within it costs one status write, not two.
 MIRROR_USAGE_WITHIN = timedelta(seconds=2)
+RELEASED_KEEP_SECONDS = 600.0
 # A lease that ends moves the claim here: the renewal the index may lack is read first.
 LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
 # The happy path's moves: announced by an Event only with `every_transition`.
@@ -271,6 +272,8 @@ class LedgerWriter:
         self._deferred: dict[tuple[str, str], dict[str, datetime]] = {}
         # Claims whose deletion waits for settlement, already announced (once each).
         self._awaiting: set[str] = set()
+        # Claims whose finalizer this writer removed (claim UID -> when): not patched again.
+        self._released: dict[str, float] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
         # (envelope uid, generation, reason, message): reported once, so that the report's
@@ -699,6 +702,9 @@ class LedgerWriter:
         """A claim being deleted goes once the ledger records its settlement: at once
         before the commit point, after the final report (or deadline) after it. Its
         finalizer is removed with a JSON patch that tests it is still where it was read."""
+        if len(self._released) > 4096:  # kept long enough for any watch lag
+            cutoff = time.monotonic() - RELEASED_KEEP_SECONDS
+            self._released = {u: at for u, at in self._released.items() if at > cutoff}
         settled = []
         for claim in claims:
             meta = claim["metadata"]
@@ -710,12 +716,16 @@ class LedgerWriter:
                 self._await_settlement(namespace, claim, entry)
                 continue
             self._awaiting.discard(meta["uid"])
-            settled.append(claim)
+            if meta["uid"] not in self._released:
+                settled.append(claim)
         limit = self._fan_out
 
         async def release(claim: dict[str, Any]) -> None:
             async with limit:
-                await remove_finalizer(self.client, namespace, claim)
+                if await remove_finalizer(self.client, namespace, claim):
+                    # Gone (or going) for good: the index may show it until its DELETED
+                    # event arrives; no second patch meanwhile.
+                    self._released[claim["metadata"]["uid"]] = time.monotonic()
 
         await asyncio.gather(*(release(claim) for claim in settled))
 
@@ -823,6 +833,9 @@ class LedgerWriter:
             if entry is None and pending is None:
                 continue  # settled and pruned, or unreadable: leave its status alone
             deleting = bool(meta.get("deletionTimestamp"))
+            if deleting and previous is not None and previous.settlement is not None:
+                mirrored.add(uid)  # settled and going: its status already says so
+                continue
             wanted = claim_status(
                 entry,
                 pending,
@@ -935,9 +948,10 @@ def snapshot(
     )
 
 
-async def remove_finalizer(client: AsyncClient, namespace: str, claim: Mapping[str, Any]) -> None:
+async def remove_finalizer(client: AsyncClient, namespace: str, claim: Mapping[str, Any]) -> bool:
     """Remove the claim finalizer from a claim, if it is still where `claim` shows it (a
-    JSON patch that tests it first): a claim changed meanwhile is left for the next pass."""
+    JSON patch that tests it first): a claim changed meanwhile is left for the next pass.
+    True if it is removed (or the claim is gone)."""
     meta = claim["metadata"]
     finalizers = list(meta.get("finalizers") or [])
     at = finalizers.index(CLAIM_FINALIZER)
@@ -953,3 +967,5 @@ async def remove_finalizer(client: AsyncClient, namespace: str, claim: Mapping[s
         # Gone already, or its finalizers moved (the test failed): nothing to do now.
         if error.status.code not in (404, 409, 422):
             raise
+        return error.status.code == 404
+    return True
