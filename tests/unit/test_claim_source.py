@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reservoir.k8s.claim_source import WatchedClaims, indexed
+from reservoir.k8s.claim_source import WatchedClaims, forget_older, indexed
 
 
 def claim(uid: str, version: str, phase: str | None = None) -> dict[str, Any]:
@@ -76,3 +76,25 @@ def test_a_deletion_the_watch_delivered_is_remembered_and_drops_the_overlay() ->
     assert source.deleted("a")
     assert not source.own_write("a", "2"), "a deleted claim's old write is no news either way"
     assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["1"]
+
+
+def test_writes_in_a_row_keep_the_overlay_until_the_watch_passes_all_of_them() -> None:
+    """Found by review: after two writes in a row the overlay was dropped as soon as the
+    index moved to the first write, showing an older status than the writer's last."""
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "wf"): [claim("a", "1")]}
+    source = WatchedClaims(index, {})
+    source.written(claim("a", "1"), claim("a", "2", "Tentative"))
+    source.written(claim("a", "2", "Tentative"), claim("a", "3", "Expired"))
+    assert [c["status"] for c in read(source)] == [{"phase": "Expired"}]
+    index[("ns", "wf")] = [claim("a", "2", "Tentative")]  # the watch delivers the first
+    assert [c["status"] for c in read(source)] == [{"phase": "Expired"}]
+    index[("ns", "wf")] = [claim("a", "3", "Expired")]
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["3"]
+
+
+def test_old_deletions_are_forgotten_from_the_front() -> None:
+    seen = {"a": 1.0, "b": 2.0, "c": 3.0}
+    forget_older(seen, 2.5)
+    assert seen == {"c": 3.0}
+    forget_older(seen, 10.0)
+    assert seen == {}

@@ -8,6 +8,7 @@ without the SDK gets its envelope owner and the claim finalizer here, once.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import kopf
@@ -16,7 +17,7 @@ from lightkube.types import PatchType
 
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
 from reservoir.k8s.claim_source import indexed
-from reservoir.k8s.ledger_writer import remove_finalizer
+from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
     BranchClaim,
@@ -65,30 +66,38 @@ async def wake_the_envelope(
     gone = event.get("type") == "DELETED"
     if gone:
         services.writer.saw_deleted(uid)
-    elif services.writer.own_write(uid, str(meta.get("resourceVersion"))):
-        return
-    if not gone:
+    else:
+        # Before the own-write check: a claim whose adoption lost a race against the
+        # writer's status write is adopted on that write's event (found by review).
         await adopt(services, namespace, body, envelope)
+        if services.writer.own_write(uid, str(meta.get("resourceVersion"))):
+            return
     if envelope:
         services.writer.poke(namespace, envelope)
 
 
 async def adopt(services: Services, namespace: str, body: kopf.Body, envelope: str) -> None:
     """A claim made without the SDK: owned by its envelope (deleting the envelope collects
-    its settled claims) and guarded by the claim finalizer. A claim being deleted whose
-    envelope does not exist held nothing: its finalizer goes."""
+    its settled claims) and guarded by the claim finalizer. A claim being deleted is left
+    to its envelope's writer, which removes the finalizer once the settlement is recorded;
+    but if the envelope is gone (read fresh: the watch of envelopes may lag), the claim
+    held nothing and goes, and if the envelope is going, its writer is run now (its daemon
+    may not run again)."""
     meta = body["metadata"]
     finalizers = list(meta.get("finalizers") or [])
     owned = bool(meta.get("ownerReferences"))
     deleting = bool(meta.get("deletionTimestamp"))
-    if deleting and (CLAIM_FINALIZER not in finalizers or services.writer.has(namespace, envelope)):
-        return  # the envelope's writer removes the finalizer once the claim is settled
+    if deleting and CLAIM_FINALIZER not in finalizers:
+        return
     if not deleting and owned and CLAIM_FINALIZER in finalizers:
         return
     found = await get_object(services.client, ReservationEnvelope, envelope, namespace)
     if deleting:
         if found is None:
             await remove_finalizer(services.client, namespace, body)
+        elif found["metadata"].get("deletionTimestamp"):
+            with contextlib.suppress(LedgerStuckError):
+                await services.writer.reconcile_once(namespace, envelope)
         return
     patch: list[dict[str, Any]] = [
         {"op": "test", "path": "/metadata/resourceVersion", "value": meta["resourceVersion"]}

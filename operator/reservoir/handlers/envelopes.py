@@ -38,14 +38,6 @@ async def envelopes_by_parent(
     return {(namespace or "", str(parent)): name} if parent else {}
 
 
-@kopf.index(*ENVELOPES)
-async def envelopes_by_name(
-    name: str, uid: str, namespace: str | None, **_: Any
-) -> dict[tuple[str, str], str]:
-    """The envelopes that exist: a deleted claim of a missing envelope held nothing."""
-    return {(namespace or "", name): uid}
-
-
 @kopf.on.event(*ENVELOPES, when=has_news)
 async def wake_the_ledger(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
     """A change to the envelope itself is a fact for its ledger, like any claim's."""

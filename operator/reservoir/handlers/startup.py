@@ -50,7 +50,6 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         kwargs["claims_by_envelope"], kwargs["leases_by_envelope"]
     )
     services.writer.children = kwargs["envelopes_by_parent"]
-    services.writer.envelopes = kwargs["envelopes_by_name"]
     port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
     if port:
         memo.endpoints = await serve(port, services.health)

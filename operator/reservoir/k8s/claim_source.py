@@ -102,9 +102,10 @@ Index = Mapping[Key, Iterable[Body]]
 
 @dataclass
 class Written:
-    """An object this operator wrote, and the version it replaced."""
+    """An object this operator wrote (or read fresh), and the versions it supersedes: the
+    one the write replaced and, for writes in a row, every one before it."""
 
-    replaced: str  # the resourceVersion the write was conditional on
+    superseded: frozenset[str]
     body: Body
     at: float
 
@@ -128,7 +129,7 @@ class WatchedClaims:
         for body in self.claim_index.get((namespace, envelope)) or ():
             uid = body["metadata"]["uid"]
             written = self._written.get(uid)
-            if written is not None and body["metadata"]["resourceVersion"] == written.replaced:
+            if written is not None and body["metadata"]["resourceVersion"] in written.superseded:
                 found.append(written.body)  # the watch has not delivered our write yet
                 continue
             if written is not None:  # the watch delivered it, or something newer
@@ -152,7 +153,13 @@ class WatchedClaims:
         replaced = before["metadata"]["resourceVersion"]
         if replaced == after["metadata"]["resourceVersion"]:
             return
-        self._written[uid] = Written(replaced, after, time.monotonic())
+        superseded = {replaced}
+        earlier = self._written.get(uid)
+        if earlier is not None and earlier.body["metadata"]["resourceVersion"] == replaced:
+            # A write over our own earlier one: the index may still show any version that
+            # one superseded (found by review: the overlay was lost after two writes).
+            superseded |= earlier.superseded
+        self._written[uid] = Written(frozenset(superseded), after, time.monotonic())
         if not own:
             return
         self._own_versions[uid] = after["metadata"]["resourceVersion"]
@@ -173,10 +180,18 @@ class WatchedClaims:
         self._deleted[uid] = now
         self._written.pop(uid, None)
         self._own_versions.pop(uid, None)
-        if len(self._deleted) > 4096:
-            self._deleted = {
-                u: at for u, at in self._deleted.items() if now - at < DELETED_KEEP_SECONDS
-            }
+        forget_older(self._deleted, now - DELETED_KEEP_SECONDS)
 
     def deleted(self, uid: str) -> bool:
         return uid in self._deleted
+
+
+def forget_older(seen: dict[str, float], cutoff: float) -> None:
+    """Drop the entries recorded before `cutoff` from a dict filled in time order: from the
+    front, so each entry costs O(1) once (found by review: rebuilding the whole dict on
+    every insert was quadratic under churn)."""
+    while seen:
+        oldest = next(iter(seen))
+        if seen[oldest] >= cutoff:
+            return
+        del seen[oldest]

@@ -60,7 +60,7 @@ from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
-from reservoir.k8s.claim_source import ClaimSource, ListedClaims, WatchedClaims
+from reservoir.k8s.claim_source import ClaimSource, ListedClaims, WatchedClaims, forget_older
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.providers import ProviderClient
@@ -164,6 +164,7 @@ class PassFacts:
     facts: list[ClaimFacts] = field(default_factory=list)
     invalid: list[Invalid] = field(default_factory=list)
     _asked: dict[FactsKey, ClaimFacts] = field(default_factory=dict)
+    _by_uid: dict[str, ClaimFacts] = field(default_factory=dict)  # as first asked this pass
 
     async def update(
         self,
@@ -188,18 +189,32 @@ class PassFacts:
                 self.used[key] = found or read.claim_facts(claim, lease, workload)
         # Ask the providers of the claims that need it, and find the submissions that
         # reuse an older claim's idempotency key (only for claims still waiting).
-        ask = {
-            key: fact
-            for _, key in keys
-            if isinstance(fact := self.used[key], ClaimFacts) and key not in self._asked
-        }
+        ask: dict[FactsKey, ClaimFacts] = {}
+        for _, key in keys:
+            fact = self.used[key]
+            if not isinstance(fact, ClaimFacts) or key in self._asked:
+                continue
+            earlier = self._by_uid.get(key[0])
+            if earlier is not None:
+                # Read again in this pass (a newer version): its provider was asked and its
+                # cancel forwarded already; never twice in one pass (found by review).
+                self._asked[key] = replace(
+                    fact,
+                    provider=earlier.provider,
+                    cancel_forwarded=earlier.cancel_forwarded,
+                    duplicate_of=earlier.duplicate_of,
+                )
+                continue
+            ask[key] = fact
         answers = await asyncio.gather(
             *(
                 self.writer.consult(self.namespace, f, self.status, self.policy)
                 for f in ask.values()
             )
         )
-        self._asked.update(zip(ask, answers, strict=True))
+        for key, answer in zip(ask, answers, strict=True):
+            self._asked[key] = answer
+            self._by_uid[key[0]] = answer
         self.facts, self.invalid = [], []
         for claim, key in keys:
             parsed = self.used[key]
@@ -262,8 +277,6 @@ class LedgerWriter:
         # Which envelopes draw on which, (namespace, parent) -> names, fed by the watch: an
         # envelope that has no child line and no child there lists none. None: always list.
         self.children: Mapping[tuple[str, str], Iterable[str]] | None = None
-        # The envelopes that exist, (namespace, name) -> UID, fed by the watch.
-        self.envelopes: Mapping[tuple[str, str], Iterable[str]] | None = None
         # Each envelope's claims as its last pass parsed them (by object versions).
         self._parsed: dict[tuple[str, str], Mapping[FactsKey, ClaimFacts | read.InvalidClaim]] = {}
         # Claims' statuses as parsed or written, by namespace then (UID, resourceVersion).
@@ -291,13 +304,9 @@ class LedgerWriter:
 
     def saw_deleted(self, uid: str) -> None:
         """The watch delivered a claim's deletion (no GET needed to know it is gone)."""
+        self._awaiting.discard(uid)
         if isinstance(self.source, WatchedClaims):
             self.source.saw_deleted(uid)
-
-    def has(self, namespace: str, envelope: str) -> bool:
-        """Whether the envelope exists, as the watch last showed it (its writer then
-        releases its deleted claims itself, once their settlement is recorded)."""
-        return self.envelopes is not None and bool(self.envelopes.get((namespace, envelope)))
 
     def forget(self, namespace: str, envelope: str) -> None:
         """The envelope is going: what this writer kept about it goes too."""
@@ -702,9 +711,7 @@ class LedgerWriter:
         """A claim being deleted goes once the ledger records its settlement: at once
         before the commit point, after the final report (or deadline) after it. Its
         finalizer is removed with a JSON patch that tests it is still where it was read."""
-        if len(self._released) > 4096:  # kept long enough for any watch lag
-            cutoff = time.monotonic() - RELEASED_KEEP_SECONDS
-            self._released = {u: at for u, at in self._released.items() if at > cutoff}
+        forget_older(self._released, time.monotonic() - RELEASED_KEEP_SECONDS)
         settled = []
         for claim in claims:
             meta = claim["metadata"]
@@ -725,7 +732,9 @@ class LedgerWriter:
                 if await remove_finalizer(self.client, namespace, claim):
                     # Gone (or going) for good: the index may show it until its DELETED
                     # event arrives; no second patch meanwhile.
-                    self._released[claim["metadata"]["uid"]] = time.monotonic()
+                    uid = claim["metadata"]["uid"]
+                    self._released.pop(uid, None)  # kept in time order
+                    self._released[uid] = time.monotonic()
 
         await asyncio.gather(*(release(claim) for claim in settled))
 
@@ -834,8 +843,7 @@ class LedgerWriter:
                 continue  # settled and pruned, or unreadable: leave its status alone
             deleting = bool(meta.get("deletionTimestamp"))
             if deleting and previous is not None and previous.settlement is not None:
-                mirrored.add(uid)  # settled and going: its status already says so
-                continue
+                continue  # settled and going: its status already says so
             wanted = claim_status(
                 entry,
                 pending,
@@ -884,6 +892,11 @@ class LedgerWriter:
                 rewritten.add(meta["uid"])
             except ApiError as error:
                 if error.status.code in (404, 409):
+                    # The copy was stale: read the claim fresh for the next pass (found by
+                    # review: a lagging index made every pass fail the same write).
+                    fresh = await get_object(self.client, BranchClaim, meta["name"], namespace)
+                    if fresh is not None and fresh["metadata"]["uid"] == meta["uid"]:
+                        self.source.written(claim, fresh, own=False)
                     self.poke(namespace, claim["spec"].get("envelope", ""))
                 elif 400 <= (error.status.code or 0) < 500:
                     metrics.ledger_errors.labels(namespace, "MirrorRefused").inc()
