@@ -270,7 +270,7 @@ class LedgerWriter:
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
         self._fan_out = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         # Where claims and Leases are read from: the API server on every pass, unless the
-        # operator's watch-fed indexes are handed over at start-up (`watch`).
+        # operator hands over its watch-fed indexes at start-up (handlers/startup.py).
         self.source: ClaimSource = ListedClaims(client)
         # Claims of a ledger entry confirmed gone, by envelope: not read again.
         self._gone: dict[tuple[str, str], set[str]] = {}
@@ -279,7 +279,7 @@ class LedgerWriter:
         self.children: Mapping[tuple[str, str], Iterable[str]] | None = None
         # Each envelope's claims as its last pass parsed them (by object versions).
         self._parsed: dict[tuple[str, str], Mapping[FactsKey, ClaimFacts | read.InvalidClaim]] = {}
-        # Claims' statuses as parsed or written, by namespace then (UID, resourceVersion).
+        # Claims' statuses as parsed or written, by envelope then (UID, resourceVersion).
         self._statuses: dict[tuple[str, str], dict[tuple[str, str], BranchClaimStatus | None]] = {}
         # Usage-only status changes held back, by envelope: claim UID -> when due.
         self._deferred: dict[tuple[str, str], dict[str, datetime]] = {}
