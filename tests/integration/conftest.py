@@ -23,8 +23,10 @@ OPERATOR = REPO / ".venv" / "bin" / "reservoir-operator"
 @pytest.fixture(scope="session")
 def crds(cluster: ClusterHandle) -> None:
     cluster.kubectl("apply", "-f", str(REPO / "crds"))
-    for name in ("reservationenvelopes", "branchclaims"):
-        # `kubectl wait` fails outright on a CRD whose status has no conditions yet.
+    for name in ("reservationenvelopes", "branchclaims", "reservationpools"):
+        # `kubectl wait` fails outright on a CRD whose status has no conditions yet, and
+        # an Established CRD may still answer 429 "storage is (re)initializing": wait until
+        # a list of the kind is served (a writer driven directly by a test does not retry).
         deadline = time.monotonic() + 60
         while True:
             try:
@@ -34,6 +36,7 @@ def crds(cluster: ClusterHandle) -> None:
                     f"crd/{name}.reservoir.dev",
                     "--timeout=60s",
                 )
+                cluster.kubectl("get", f"{name}.reservoir.dev", "-A", "--chunk-size=1")
                 break
             except RuntimeError:
                 if time.monotonic() > deadline:
