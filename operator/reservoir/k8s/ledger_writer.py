@@ -809,6 +809,29 @@ class LedgerWriter:
                     target, "Warning" if event.warning else "Normal", event.reason, event.message
                 )
 
+    async def _write_status(
+        self, namespace: str, claim: dict[str, Any], wanted: BranchClaimStatus
+    ) -> Any:
+        """Write a claim's status: the first with a PUT conditional on the claim's
+        resourceVersion (nothing to compare a status with yet), every later one with
+        `status_patch`."""
+        meta = claim["metadata"]
+        if not claim.get("status"):
+            body = BranchClaim.Status(
+                metadata=ObjectMeta(
+                    name=meta["name"], namespace=namespace, resourceVersion=meta["resourceVersion"]
+                ),
+                status=wanted.to_api(),
+            )
+            return await self.client.replace(body, meta["name"], namespace=namespace)
+        return await self.client.patch(
+            BranchClaim.Status,
+            meta["name"],
+            status_patch(claim, wanted.to_api()),
+            namespace=namespace,
+            patch_type=PatchType.JSON,
+        )
+
     async def _mirror(
         self,
         namespace: str,
@@ -820,8 +843,8 @@ class LedgerWriter:
     ) -> tuple[set[str], set[str]]:
         """Write each claim's status from the ledger just read or written (its entry, its
         queue position, or a record kept off the ledger), if it moved. Conditional on the
-        claim's resourceVersion; a conflict just waits for the next reconcile, since the
-        mirror can always be recomputed. A refused write is reported, never raised.
+        status read (`_write_status`); a conflict just waits for the next reconcile, since
+        the mirror can always be recomputed. A refused write is reported, never raised.
         Returns the UIDs whose status now says what the ledger says, and of them those whose
         status this call wrote."""
         mirrored: set[str] = set()
@@ -876,29 +899,27 @@ class LedgerWriter:
 
         async def write(claim: dict[str, Any], wanted: BranchClaimStatus) -> None:
             meta = claim["metadata"]
-            body = BranchClaim.Status(
-                metadata=ObjectMeta(
-                    name=meta["name"], namespace=namespace, resourceVersion=meta["resourceVersion"]
-                ),
-                status=wanted.to_api(),
-            )
             try:
                 async with limit:
-                    written = await self.client.replace(body, meta["name"], namespace=namespace)  # type: ignore[call-overload]
+                    written = await self._write_status(namespace, claim, wanted)
                 after = read.as_dict(written)
                 self.source.written(claim, after)
                 parsed[(meta["uid"], after["metadata"]["resourceVersion"])] = wanted
                 mirrored.add(meta["uid"])
                 rewritten.add(meta["uid"])
             except ApiError as error:
-                if error.status.code in (404, 409):
-                    # The copy was stale: read the claim fresh for the next pass (found by
-                    # review: a lagging index made every pass fail the same write).
+                code = error.status.code or 0
+                fresh = None
+                if code in (404, 409, 422):
                     fresh = await get_object(self.client, BranchClaim, meta["name"], namespace)
+                if code in (404, 409) or (code == 422 and status_moved(claim, fresh)):
+                    # The copy was stale (its status moved, or the claim went): lay the
+                    # claim read fresh over it for the next pass (found by review: a
+                    # lagging index made every pass fail the same write).
                     if fresh is not None and fresh["metadata"]["uid"] == meta["uid"]:
                         self.source.written(claim, fresh, own=False)
                     self.poke(namespace, claim["spec"].get("envelope", ""))
-                elif 400 <= (error.status.code or 0) < 500:
+                elif 400 <= code < 500:
                     metrics.ledger_errors.labels(namespace, "MirrorRefused").inc()
                     self.record(claim, "Warning", "MirrorRefused", str(error.status.message))
                 else:
@@ -906,6 +927,30 @@ class LedgerWriter:
 
         await asyncio.gather(*(write(claim, wanted) for claim, wanted in writes))
         return mirrored, rewritten
+
+
+def status_patch(claim: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch of a claim's status that applies only if the claim is still the one
+    read (its UID) and its status is still exactly the one read: a compare-and-swap on the
+    status alone. It is not conditional on the resourceVersion, so the SDK's spec writes
+    (dispatch, usage, final) no longer make it fail; a status moved by another writer (a
+    deposed operator mid-pass) still does, so a settled status is never overwritten."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": claim["metadata"]["uid"]},
+        {"op": "test", "path": "/status", "value": claim["status"]},
+        {"op": "replace", "path": "/status", "value": wanted},
+    ]
+
+
+def status_moved(claim: Mapping[str, Any], fresh: Mapping[str, Any] | None) -> bool:
+    """Whether the claim read fresh is gone, another claim, or shows another status than
+    `claim`: why a status patch's tests failed (the API server answers 422, as for a
+    refusal)."""
+    return (
+        fresh is None
+        or fresh["metadata"]["uid"] != claim["metadata"]["uid"]
+        or fresh.get("status") != claim.get("status")
+    )
 
 
 def only_usage_moved(previous: BranchClaimStatus, wanted: BranchClaimStatus) -> bool:

@@ -7,14 +7,15 @@ out of the ledger once the claim's status carries the settlement, so the SDK tak
 ledger entry when there is one and the claim's status otherwise. Every verb decides on
 that record, read afresh, never on the status alone.
 
-Every write is fenced by resourceVersion: it is conditional on the version of the claim the
-SDK has just checked, and the API server answers 409 if the claim moved since. A changed
-resourceVersion alone does not mean "fenced", because the operator's status writes bump it
-too, so the SDK re-reads the claim and its ledger entry, re-checks what the verb requires
-on them and retries; only when that no longer holds does the caller get an error instead of
-a silent success. A caller's view that is no longer current is handled as a 409 would be:
-the checks run on the claim as it is now, never on a stale view. The checks, before the
-first write and after every 409:
+Every write is fenced by generation: a JSON patch that tests the UID and
+`metadata.generation` of the claim the SDK has just checked, which move with every spec
+write and with the deletion, so the API server refuses the write if the claim's spec moved
+since. The operator's status writes do not move the generation and do not refuse the
+SDK's writes. A refused write makes the SDK re-read the claim and its ledger entry,
+re-check what the verb requires on them and retry; only when that no longer holds does the
+caller get an error instead of a silent success. A caller's view that is no longer current
+is handled as a refused write would be: the checks run on the claim as it is now, never on
+a stale view. The checks, before the first write and after every refused write:
 
 - every verb: the same claim as the caller's view (UID and attempt), not settled;
 - `dispatch`: not cancelled, not being deleted (nor its envelope), the claim's
@@ -673,32 +674,35 @@ class AsyncReservoir:
         requires: Check,
         refused: type[ReservoirError] = ReservoirError,
     ) -> ClaimView:
-        """Merge-patch the claim's spec. `requires` runs on the claim and its ledger entry
-        as they are now (read before the first write, re-read after every 409), and each
-        write is conditional on the resourceVersion of exactly the claim it checked: a
-        caller's view that is no longer current is treated as a 409 would be."""
+        """Patch the claim's spec. `requires` runs on the claim and its ledger entry as they
+        are now (read before the first write, re-read after every refused write), and each
+        write is conditional on the UID and generation of exactly the claim it checked
+        (`fenced_patch`): a caller's view that is no longer current is treated as a moved
+        claim would be."""
         view = await self._current(claim)
         for _ in range(FENCED_RETRIES):
             _same_claim(claim, view)
             if requires(view):
                 return view
-            body = {"metadata": {"resourceVersion": view.resource_version}, "spec": spec_patch}
             try:
                 patched = await self.client.patch(
                     BranchClaim,
                     view.name,
-                    body,
+                    fenced_patch(view, spec_patch),
                     namespace=self.namespace,
-                    patch_type=PatchType.MERGE,
+                    patch_type=PatchType.JSON,
                 )
             except ApiError as error:
                 code = error.status.code
-                if code == 409:
-                    view = await self._current(claim)
-                    continue
                 if code == 404:
                     raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
-                if code == 422:
+                if code in (409, 422):
+                    # A failed test (the claim moved) and a refusal both answer 422: the
+                    # claim read again tells them apart.
+                    current = await self._current(claim)
+                    if code == 409 or current.generation != view.generation:
+                        view = current
+                        continue
                     raise refused(
                         f"branchclaim/{view.name}: refused by the API server: "
                         f"{error.status.message}"
@@ -764,6 +768,33 @@ class AsyncReservoir:
                     f"lease/{view.name} changed under us: another holder may own it"
                 ) from None
             raise
+
+
+def fenced_patch(view: ClaimView, spec_patch: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A JSON patch writing `spec_patch` into the claim's spec as a merge patch would (a
+    map merges key by key: usage reported for one resource keeps the others), applied only
+    if the claim is still the one `view` read: its UID, and its generation, which moves
+    with every spec write and with the deletion but not with the operator's status writes
+    (which made a resourceVersion condition fail about once per claim under load)."""
+    patch: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/uid", "value": view.uid},
+        {"op": "test", "path": "/metadata/generation", "value": view.generation},
+    ]
+    for field, value in spec_patch.items():
+        current = getattr(view.spec, field, None)
+        if isinstance(value, Mapping) and isinstance(current, Mapping) and current:
+            patch += [
+                {"op": "add", "path": f"/spec/{field}/{_pointer(key)}", "value": item}
+                for key, item in value.items()
+            ]
+        else:
+            patch.append({"op": "add", "path": f"/spec/{field}", "value": value})
+    return patch
+
+
+def _pointer(key: str) -> str:
+    """`key` as a JSON pointer segment (RFC 6901): "nvidia.com/gpu" is "nvidia.com~1gpu"."""
+    return key.replace("~", "~0").replace("/", "~1")
 
 
 def _quantities(values: Mapping[str, str | int]) -> dict[str, str]:

@@ -35,7 +35,7 @@ NOT_ACCEPTING_PHASES = frozenset(
 @dataclass(frozen=True)
 class ClaimView:
     """A claim as last read: pass it back to the next verb, which is fenced by its
-    resourceVersion.
+    generation (its spec and deletion as read).
 
     Two records describe a claim. Its envelope's ledger (`entry`, keyed by the claim's UID)
     is authoritative; the claim's own `status` mirrors it and lags it. A settled entry may
@@ -52,6 +52,9 @@ class ClaimView:
     spec: BranchClaimSpec
     status: BranchClaimStatus
     deleting: bool = False  # metadata.deletionTimestamp is set
+    # metadata.generation: moves with every spec write and with the deletion, not with the
+    # operator's status writes; the SDK's spec writes are conditional on it.
+    generation: int = 0
     # The claim's line in its envelope's ledger (None: not admitted, compacted, or the
     # envelope was not read); `ledger_read` says whether the envelope was read at all.
     entry: LedgerEntry | None = None
@@ -71,6 +74,7 @@ class ClaimView:
             spec=BranchClaimSpec.model_validate(obj.get("spec") or {}),
             status=BranchClaimStatus.model_validate(obj.get("status") or {}),
             deleting=bool(meta.get("deletionTimestamp")),
+            generation=int(meta.get("generation") or 0),
         )
 
     def with_ledger(self, envelope: dict[str, Any] | None) -> ClaimView:
@@ -103,6 +107,7 @@ class ClaimView:
             spec=fresh.spec,
             status=fresh.status,
             deleting=fresh.deleting,
+            generation=fresh.generation,
         )
 
     # --- the status mirror (what `kubectl get` shows) ------------------------------------

@@ -1,0 +1,142 @@
+"""The two writers of a claim fence on what each depends on, against the real API server:
+the operator's status mirror on the status it read (`status_patch`), the SDK's spec
+writes on the UID and generation of the claim it checked (`fenced_patch`). Neither is
+refused by the other's writes; each is refused when what it checked has moved."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from typing import Any
+
+from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube.types import PatchType
+
+from reservoir.k8s.facts import as_dict
+from reservoir.k8s.ledger_writer import status_moved, status_patch
+from reservoir.k8s.resources import BranchClaim
+from reservoir.sdk.client import fenced_patch
+from reservoir.sdk.views import ClaimView
+from tests.clusters import ClusterHandle
+
+
+def make_claim(cluster: ClusterHandle, ns: str, name: str, **spec: Any) -> None:
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "BranchClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"envelope": "wf", "requests": {"tokens": "20"}, **spec},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def run(cluster: ClusterHandle, scenario: Callable[[AsyncClient], Any]) -> Any:
+    async def with_client() -> Any:
+        client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig_path)))
+        try:
+            return await scenario(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(with_client())
+
+
+async def body(client: AsyncClient, ns: str, name: str) -> dict[str, Any]:
+    return as_dict(await client.get(BranchClaim, name, namespace=ns))
+
+
+async def write_status(client: AsyncClient, ns: str, claim: dict[str, Any], status: Any) -> Any:
+    return await client.patch(
+        BranchClaim.Status,
+        claim["metadata"]["name"],
+        status_patch(claim, status),
+        namespace=ns,
+        patch_type=PatchType.JSON,
+    )
+
+
+async def write_spec(client: AsyncClient, ns: str, view: ClaimView, spec: dict[str, Any]) -> Any:
+    return await client.patch(
+        BranchClaim,
+        view.name,
+        fenced_patch(view, spec),
+        namespace=ns,
+        patch_type=PatchType.JSON,
+    )
+
+
+def test_a_status_patch_applies_over_a_spec_write_but_never_over_another_status(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    make_claim(cluster, ns, "s")
+
+    async def scenario(client: AsyncClient) -> tuple[Any, int, bool, dict[str, Any]]:
+        first = await body(client, ns, "s")
+        await client.patch(
+            BranchClaim.Status,
+            "s",
+            {"status": {"phase": "Tentative"}},
+            namespace=ns,
+            patch_type=PatchType.MERGE,
+        )
+        read = await body(client, ns, "s")
+        # The SDK dispatches: the resourceVersion moves, the status read still stands.
+        await client.patch(
+            BranchClaim, "s", {"spec": {"dispatch": True}}, namespace=ns, patch_type=PatchType.MERGE
+        )
+        await write_status(client, ns, read, {"phase": "Committed"})
+        committed = (await body(client, ns, "s"))["status"]
+        # Another writer (a deposed operator) writes the status it computed from `read`:
+        # the status moved since, so it is refused and what is recorded stays.
+        code = 0
+        try:
+            await write_status(client, ns, read, {"phase": "Expired"})
+        except ApiError as error:
+            code = error.status.code or 0
+        after = await body(client, ns, "s")
+        assert after["metadata"]["uid"] == first["metadata"]["uid"]
+        return committed, code, status_moved(read, after), after
+
+    committed, code, moved, after = run(cluster, scenario)
+    assert committed == {"phase": "Committed"}
+    assert code == 422
+    assert moved, "the refusal is told apart from an invalid status by the status read fresh"
+    assert not status_moved(after, after)
+    assert after["status"] == {"phase": "Committed"}
+
+
+def test_a_spec_patch_applies_over_a_status_write_but_not_over_another_spec_write(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    make_claim(cluster, ns, "d", usage={"tokens": "5", "nvidia.com/gpu": "1"})
+
+    async def scenario(client: AsyncClient) -> tuple[dict[str, Any], int, int]:
+        view = ClaimView.from_api(await body(client, ns, "d"))
+        # The operator mirrors a status: the generation the view read still stands.
+        await client.patch(
+            BranchClaim.Status,
+            "d",
+            {"status": {"phase": "Tentative"}},
+            namespace=ns,
+            patch_type=PatchType.MERGE,
+        )
+        await write_spec(client, ns, view, {"dispatch": True})
+        moved = ClaimView.from_api(await body(client, ns, "d"))
+        # A usage report merges key by key (a resource name with a "/" included).
+        await write_spec(client, ns, moved, {"usage": {"nvidia.com/gpu": "2"}})
+        spec = (await body(client, ns, "d"))["spec"]
+        # The view from before the dispatch is stale now: its write is refused.
+        code = 0
+        try:
+            await write_spec(client, ns, view, {"cancel": True})
+        except ApiError as error:
+            code = error.status.code or 0
+        return spec, code, moved.generation
+
+    spec, code, generation = run(cluster, scenario)
+    assert spec["dispatch"] is True
+    assert spec["usage"] == {"tokens": "5", "nvidia.com/gpu": "2"}
+    assert spec["cancel"] is False
+    assert code == 422
+    assert generation == 2
