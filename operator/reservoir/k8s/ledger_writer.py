@@ -336,19 +336,14 @@ class LedgerWriter:
                 metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
 
     async def _attempt(self, namespace: str, name: str) -> Reconciliation | Conflict | None:
-        # The envelope first, straight from the API server (the compare-and-swap below is
-        # conditional on this version), then its claims (from the source: a LIST, or the
-        # watch-fed index with every doubtful claim read again after the envelope).
-        try:
-            envelope = read.as_dict(
-                await self.client.get(ReservationEnvelope, name, namespace=namespace)
-            )
-        except ApiError as error:
-            if error.status.code == 404:
-                metrics.envelopes.forget(namespace, name)
-                self.forget(namespace, name)
-                return None
-            raise
+        # The envelope first, read fresh (the compare-and-swap below is conditional on this
+        # version), then its claims (from the source: a LIST, or the watch-fed index with
+        # every doubtful claim read again after the envelope).
+        envelope = await get_object(self.client, ReservationEnvelope, name, namespace)
+        if envelope is None:
+            metrics.envelopes.forget(namespace, name)
+            self.forget(namespace, name)
+            return None
         try:
             envelope_facts, status = read.envelope_facts(envelope)
         except read.UnreadableEnvelopeError as error:
@@ -674,14 +669,10 @@ class LedgerWriter:
             self.poke(namespace, child)
 
     async def _still_current(self, namespace: str, name: str, envelope: dict[str, Any]) -> bool:
-        try:
-            now = await self.client.get(ReservationEnvelope, name, namespace=namespace)
-        except ApiError as error:
-            if error.status.code == 404:
-                return False
-            raise
-        current = read.as_dict(now)["metadata"]["resourceVersion"]
-        return bool(current == envelope["metadata"]["resourceVersion"])
+        now = await get_object(self.client, ReservationEnvelope, name, namespace)
+        if now is None:
+            return False
+        return bool(now["metadata"]["resourceVersion"] == envelope["metadata"]["resourceVersion"])
 
     async def _refused(self, envelope: dict[str, Any], reason: str, message: str) -> NoReturn:
         """The ledger cannot move: say so on the envelope (condition, Event, metric) and

@@ -112,6 +112,7 @@ from reservoir.k8s.resources import (
     BranchClaim,
     ReservationEnvelope,
     ReservationPool,
+    get_object,
 )
 from reservoir.sdk.errors import (
     ClaimExistsError,
@@ -597,22 +598,13 @@ class AsyncReservoir:
             await watch.stop()
 
     async def _read_claim(self, name: str) -> ClaimView:
-        try:
-            obj = await self.client.get(BranchClaim, name, namespace=self.namespace)
-        except ApiError as error:
-            if error.status.code == 404:
-                raise ClaimNotFoundError(f"branchclaim/{name} not found") from None
-            raise
-        return ClaimView.from_api(as_dict(obj))
+        obj = await get_object(self.client, BranchClaim, name, self.namespace)
+        if obj is None:
+            raise ClaimNotFoundError(f"branchclaim/{name} not found")
+        return ClaimView.from_api(obj)
 
     async def _read_envelope(self, name: str) -> dict[str, Any] | None:
-        try:
-            envelope = await self.client.get(ReservationEnvelope, name, namespace=self.namespace)
-        except ApiError as error:
-            if error.status.code == 404:
-                return None
-            raise
-        return as_dict(envelope)
+        return await get_object(self.client, ReservationEnvelope, name, self.namespace)
 
     async def _with_ledger(self, view: ClaimView) -> ClaimView:
         """`view` with its entry in its envelope's ledger as it stands now."""
