@@ -71,36 +71,46 @@ def test_a_status_patch_applies_over_a_spec_write_but_never_over_another_status(
 ) -> None:
     make_claim(cluster, ns, "s")
 
-    async def scenario(client: AsyncClient) -> tuple[Any, int, bool, dict[str, Any]]:
+    async def refused(client: AsyncClient, claim: dict[str, Any], status: Any) -> int:
+        try:
+            await write_status(client, ns, claim, status)
+        except ApiError as error:
+            return error.status.code or 0
+        return 0
+
+    async def scenario(client: AsyncClient) -> tuple[Any, Any, list[int], bool, Any]:
         first = await body(client, ns, "s")
-        await client.patch(
-            BranchClaim.Status,
-            "s",
-            {"status": {"phase": "Tentative"}},
-            namespace=ns,
-            patch_type=PatchType.MERGE,
-        )
-        read = await body(client, ns, "s")
-        # The SDK dispatches: the resourceVersion moves, the status read still stands.
+        assert "status" not in first
+        # The SDK dispatches on the ledger's word before the first status is written:
+        # the resourceVersion moves, the (missing) status read still stands.
         await client.patch(
             BranchClaim, "s", {"spec": {"dispatch": True}}, namespace=ns, patch_type=PatchType.MERGE
         )
+        await write_status(client, ns, first, {"phase": "Tentative"})
+        read = await body(client, ns, "s")
+        tentative = read["status"]
+        await client.patch(
+            BranchClaim,
+            "s",
+            {"spec": {"usage": {"tokens": "3"}}},
+            namespace=ns,
+            patch_type=PatchType.MERGE,
+        )
         await write_status(client, ns, read, {"phase": "Committed"})
         committed = (await body(client, ns, "s"))["status"]
-        # Another writer (a deposed operator) writes the status it computed from `read`:
-        # the status moved since, so it is refused and what is recorded stays.
-        code = 0
-        try:
-            await write_status(client, ns, read, {"phase": "Expired"})
-        except ApiError as error:
-            code = error.status.code or 0
+        # Other writers (a deposed operator) write statuses computed from older reads:
+        # the status moved since, so each is refused and what is recorded stays.
+        codes = [
+            await refused(client, first, {"phase": "Pending"}),
+            await refused(client, read, {"phase": "Expired"}),
+        ]
         after = await body(client, ns, "s")
-        assert after["metadata"]["uid"] == first["metadata"]["uid"]
-        return committed, code, status_moved(read, after), after
+        return tentative, committed, codes, status_moved(read, after), after
 
-    committed, code, moved, after = run(cluster, scenario)
+    tentative, committed, codes, moved, after = run(cluster, scenario)
+    assert tentative == {"phase": "Tentative"}
     assert committed == {"phase": "Committed"}
-    assert code == 422
+    assert codes == [422, 422]
     assert moved, "the refusal is told apart from an invalid status by the status read fresh"
     assert not status_moved(after, after)
     assert after["status"] == {"phase": "Committed"}

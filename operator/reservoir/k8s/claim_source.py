@@ -129,8 +129,14 @@ class WatchedClaims:
         for body in self.claim_index.get((namespace, envelope)) or ():
             uid = body["metadata"]["uid"]
             written = self._written.get(uid)
-            if written is not None and body["metadata"]["resourceVersion"] in written.superseded:
-                found.append(written.body)  # the watch has not delivered our write yet
+            version = body["metadata"]["resourceVersion"]
+            if written is not None and (
+                version in written.superseded
+                or older(version, written.body["metadata"]["resourceVersion"])
+            ):
+                # The watch has not delivered our write yet (it may have delivered a
+                # version written by another between the one we read and ours).
+                found.append(written.body)
                 continue
             if written is not None:  # the watch delivered it, or something newer
                 del self._written[uid]
@@ -184,6 +190,15 @@ class WatchedClaims:
 
     def deleted(self, uid: str) -> bool:
         return uid in self._deleted
+
+
+def older(version: str, than: str) -> bool:
+    """Whether resourceVersion `version` is known to come before `than`. Clients are to
+    treat resourceVersions as opaque; the API server's are etcd revisions, which increase,
+    so two integers are compared as such, and anything else is not known to come before.
+    Only an optimisation rests on it: a copy taken for the latest that is not only makes a
+    conditional write fail (and a decision on a missing fact is confirmed fresh anyway)."""
+    return version.isdigit() and than.isdigit() and int(version) < int(than)
 
 
 def forget_older(seen: dict[str, float], cutoff: float) -> None:

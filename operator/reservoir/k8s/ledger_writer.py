@@ -803,21 +803,10 @@ class LedgerWriter:
     async def _write_status(
         self, namespace: str, claim: dict[str, Any], wanted: BranchClaimStatus
     ) -> Any:
-        """Write a claim's status: the first with a PUT conditional on the claim's
-        resourceVersion (nothing to compare a status with yet), every later one with
-        `status_patch`."""
-        meta = claim["metadata"]
-        if not claim.get("status"):
-            body = BranchClaim.Status(
-                metadata=ObjectMeta(
-                    name=meta["name"], namespace=namespace, resourceVersion=meta["resourceVersion"]
-                ),
-                status=wanted.to_api(),
-            )
-            return await self.client.replace(body, meta["name"], namespace=namespace)
+        """Write a claim's status with `status_patch`: conditional on the status read."""
         return await self.client.patch(
             BranchClaim.Status,
-            meta["name"],
+            claim["metadata"]["name"],
             status_patch(claim, wanted.to_api()),
             namespace=namespace,
             patch_type=PatchType.JSON,
@@ -922,14 +911,17 @@ class LedgerWriter:
 
 def status_patch(claim: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[dict[str, Any]]:
     """A JSON patch of a claim's status that applies only if the claim is still the one
-    read (its UID) and its status is still exactly the one read: a compare-and-swap on the
-    status alone. It is not conditional on the resourceVersion, so the SDK's spec writes
-    (dispatch, usage, final) no longer make it fail; a status moved by another writer (a
-    deposed operator mid-pass) still does, so a settled status is never overwritten."""
+    read (its UID) and its status is still exactly the one read (a claim without one
+    tests null, which the API server's JSON patch takes to match a missing member): a
+    compare-and-swap on the status alone. It is not conditional on the resourceVersion, so
+    the SDK's spec writes (a dispatch sent on the ledger's word, before the status says
+    Tentative; usage; a final report) do not make it fail; a status moved by another
+    writer (a deposed operator mid-pass) still does, so a settled status is never
+    overwritten."""
     return [
         {"op": "test", "path": "/metadata/uid", "value": claim["metadata"]["uid"]},
-        {"op": "test", "path": "/status", "value": claim["status"]},
-        {"op": "replace", "path": "/status", "value": wanted},
+        {"op": "test", "path": "/status", "value": claim.get("status")},
+        {"op": "add", "path": "/status", "value": wanted},
     ]
 
 
