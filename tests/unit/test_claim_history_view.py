@@ -369,8 +369,13 @@ class FakeClient:
     async def list(
         self, kind: Any, namespace: str | None = None, fields: dict[str, str] | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        """Claims by `spec.upstream.requestId`, the one field selector the SDK uses (the
-        value unescaped as the API server does)."""
+        """Objects by `metadata.name` (the SDK's fresh reads), or claims by
+        `spec.upstream.requestId` (the value unescaped as the API server does)."""
+        if "metadata.name" in (fields or {}):
+            found = self.objects.get((kind, (fields or {})["metadata.name"]))
+            if found is not None:
+                yield found
+            return
         wanted = (fields or {}).get("spec.upstream.requestId", "")
         wanted = wanted.replace("\\=", "=").replace("\\,", ",").replace("\\\\", "\\")
         for (stored_kind, _), obj in list(self.objects.items()):

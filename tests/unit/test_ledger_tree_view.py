@@ -207,6 +207,11 @@ class FakeClient:
         self, kind: Any, namespace: str | None = None, fields: dict[str, str] | None = None
     ) -> AsyncIterator[dict[str, Any]]:
         ((field, value),) = (fields or {}).items()
+        if field == "metadata.name":  # a fresh read of one object
+            for obj in self.objects[kind]:
+                if obj["metadata"]["name"] == value:
+                    yield obj
+            return
         self.lists.append((field, value))
         for obj in self.objects[kind]:
             if obj["spec"].get(field.removeprefix("spec.")) == value:

@@ -84,15 +84,19 @@ class ClaimView:
             return dataclasses.replace(
                 self, entry=None, ledger_read=True, envelope_deleting=False, envelope_accepting=True
             )
-        status = EnvelopeStatus.model_validate(envelope.get("status") or {})
+        # Only this claim's entry and the envelope's phase are parsed, not the whole ledger:
+        # a verb reads the envelope once per call, and the ledger grows with the envelope.
+        status = envelope.get("status") or {}
+        raw_entry = (status.get("entries") or {}).get(self.uid)
+        phase = EnvelopeStatus.model_validate({k: v for k, v in status.items() if k == "phase"})
         deleting = bool((envelope.get("metadata") or {}).get("deletionTimestamp"))
         closed = (envelope.get("spec") or {}).get("state") == EnvelopeState.CLOSED.value
         return dataclasses.replace(
             self,
-            entry=status.entries.get(self.uid),
+            entry=None if raw_entry is None else LedgerEntry.model_validate(raw_entry),
             ledger_read=True,
             envelope_deleting=deleting,
-            envelope_accepting=not (deleting or closed or status.phase in NOT_ACCEPTING_PHASES),
+            envelope_accepting=not (deleting or closed or phase.phase in NOT_ACCEPTING_PHASES),
         )
 
     def with_object(self, obj: dict[str, Any]) -> ClaimView:
