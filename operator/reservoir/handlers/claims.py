@@ -79,10 +79,10 @@ async def wake_the_envelope(
 async def adopt(services: Services, namespace: str, body: kopf.Body, envelope: str) -> None:
     """A claim made without the SDK: owned by its envelope (deleting the envelope collects
     its settled claims) and guarded by the claim finalizer. A claim being deleted is left
-    to its envelope's writer, which removes the finalizer once the settlement is recorded;
-    but if the envelope is gone (read fresh: the watch of envelopes may lag), the claim
-    held nothing and goes, and if the envelope is going, its writer is run now (its daemon
-    may not run again)."""
+    to its envelope's writer, which removes the finalizer once the settlement is recorded,
+    when the envelope's daemon runs; when it does not, the envelope is read fresh (the
+    watch of envelopes may lag): if it is gone, the claim held nothing and goes, and if it
+    is going, its writer is run now (its daemon does not run again)."""
     meta = body["metadata"]
     finalizers = list(meta.get("finalizers") or [])
     owned = bool(meta.get("ownerReferences"))
@@ -91,6 +91,8 @@ async def adopt(services: Services, namespace: str, body: kopf.Body, envelope: s
         return
     if not deleting and owned and CLAIM_FINALIZER in finalizers:
         return
+    if deleting and services.writer.kept(namespace, envelope):
+        return  # the envelope's daemon runs: the poke that follows reaches its writer
     found = await get_object(services.client, ReservationEnvelope, envelope, namespace)
     if deleting:
         if found is None:

@@ -59,23 +59,23 @@ async def keep_the_ledger(
     next lease end or deadline even when none does."""
     assert namespace is not None  # the kind is namespaced
     services: Services = memo.services
-    trigger = services.writer.trigger(namespace, name)
-    while not stopped:
-        wake_in = IDLE_WAKEUP_SECONDS
-        try:
-            result = await services.writer.reconcile_once(namespace, name)
-            services.health.succeeded()
-            if result is not None and result.wake_at is not None:
-                wake_in = (result.wake_at - utcnow()).total_seconds() + 0.05
-        except LedgerStuckError as error:  # reported on the envelope; look again later
-            logger.warning("%s", error)
-            services.health.succeeded()  # the API answered: the problem is the envelope's
+    with services.writer.keeping(namespace, name) as trigger:
+        while not stopped:
             wake_in = IDLE_WAKEUP_SECONDS
-        except Exception as error:  # never let one bad reconcile stop the envelope's writer
-            logger.exception("reconciling the ledger failed; retrying")
-            services.health.failed(f"{type(error).__name__}: {error}"[:200])
-            wake_in = 2.0
-        await trigger.wait(min(max(wake_in, 0.05), IDLE_WAKEUP_SECONDS))
+            try:
+                result = await services.writer.reconcile_once(namespace, name)
+                services.health.succeeded()
+                if result is not None and result.wake_at is not None:
+                    wake_in = (result.wake_at - utcnow()).total_seconds() + 0.05
+            except LedgerStuckError as error:  # reported on the envelope; look again later
+                logger.warning("%s", error)
+                services.health.succeeded()  # the API answered: the problem is the envelope's
+                wake_in = IDLE_WAKEUP_SECONDS
+            except Exception as error:  # never let one bad reconcile stop the envelope's writer
+                logger.exception("reconciling the ledger failed; retrying")
+                services.health.failed(f"{type(error).__name__}: {error}"[:200])
+                wake_in = 2.0
+            await trigger.wait(min(max(wake_in, 0.05), IDLE_WAKEUP_SECONDS))
 
 
 @kopf.on.delete(*ENVELOPES, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)

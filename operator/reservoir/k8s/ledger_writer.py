@@ -15,7 +15,7 @@ import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any, NoReturn, Protocol
@@ -288,6 +288,8 @@ class LedgerWriter:
         # Claims whose finalizer this writer removed (claim UID -> when): not patched again.
         self._released: dict[str, float] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
+        # Envelopes whose daemon (keep_the_ledger) runs: a poke reaches a pass.
+        self._kept: set[tuple[str, str]] = set()
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
         # (envelope uid, generation, reason, message): reported once, so that the report's
         # own write (a new resourceVersion) never wakes a loop of reports.
@@ -315,6 +317,20 @@ class LedgerWriter:
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
         return self._triggers.setdefault((namespace, envelope), Trigger())
+
+    @contextlib.contextmanager
+    def keeping(self, namespace: str, envelope: str) -> Iterator[Trigger]:
+        """While the envelope's daemon runs: `kept` says a poke will reach a pass."""
+        self._kept.add((namespace, envelope))
+        try:
+            yield self.trigger(namespace, envelope)
+        finally:
+            self._kept.discard((namespace, envelope))
+
+    def kept(self, namespace: str, envelope: str) -> bool:
+        """Whether the envelope's daemon runs (kopf stops it once the envelope is being
+        deleted, and never starts it for an envelope that does not exist)."""
+        return (namespace, envelope) in self._kept
 
     def poke(self, namespace: str, envelope: str) -> None:
         self.trigger(namespace, envelope).poke()
