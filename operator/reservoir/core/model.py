@@ -118,6 +118,20 @@ def resource_map(description: str, *rules: JsonDict, required: bool = False) -> 
     return Field(default_factory=dict, description=description, json_schema_extra=extra)
 
 
+def recorded_map(description: str) -> Any:
+    """A bounded map of resource name to quantity that the operator records (a ledger
+    line, a total, a claim's status): no CEL rules. Its names and amounts come from specs
+    the rules of `resource_map` already checked, and a rule here would run again on every
+    map of every ledger entry on each ledger write: a tenth of the API server's CPU under
+    load, measured with its profiler. A status write is the operator's, never a user's
+    input."""
+    return Field(
+        default_factory=dict,
+        description=description,
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+
+
 ResourceMap = dict[str, Quantity]
 
 
@@ -599,7 +613,7 @@ class LateReport(Model):
     it holds the report as it stood at settlement, the baseline a late report differs from."""
 
     count: int = Field(default=0, ge=0, description="Distinct reports after settlement.")
-    usage: ResourceMap = resource_map("The last late report's cumulative usage.")
+    usage: ResourceMap = recorded_map("The last late report's cumulative usage.")
     final: bool = Field(default=False, description="Whether the last late report was final.")
     outcome: Outcome | None = Field(default=None, description="Its outcome, if any.")
     at: datetime | None = Field(default=None, description="When it was noticed.")
@@ -610,8 +624,8 @@ class Overrun(Model):
     charged at most R (min(usage, R) per resource) and the excess is recorded here, never
     taken from the envelope."""
 
-    usage: ResourceMap = resource_map("The cumulative usage as reported.")
-    excess: ResourceMap = resource_map("What the report exceeds the reservation by.")
+    usage: ResourceMap = recorded_map("The cumulative usage as reported.")
+    excess: ResourceMap = recorded_map("What the report exceeds the reservation by.")
     final: bool = Field(default=False, description="Whether the report was final.")
     at: datetime = Field(description="When the operator first saw it.")
 
@@ -668,8 +682,8 @@ class Adjustment(Model):
     """A late completion after a deadline decision, applied once while the envelope was
     open (or only recorded). The settlement it follows is never changed."""
 
-    returned: ResourceMap = resource_map("Returned to the envelope: charged, but not used.")
-    charged: ResourceMap = resource_map("Charged to the envelope: used, but not charged.")
+    returned: ResourceMap = recorded_map("Returned to the envelope: charged, but not used.")
+    charged: ResourceMap = recorded_map("Charged to the envelope: used, but not charged.")
     applied: bool = Field(description="False: recorded only (policy Record, envelope closed).")
     outcome: Outcome | None = Field(default=None, description="The late report's outcome.")
     at: datetime = Field(description="When (operator clock, UTC).")
@@ -678,7 +692,7 @@ class Adjustment(Model):
 class RetryHold(Model):
     """What a failed attempt did not consume, kept for the branch's next attempt."""
 
-    resources: ResourceMap = resource_map("Held for the next attempt.")
+    resources: ResourceMap = recorded_map("Held for the next attempt.")
     until: datetime = Field(description="When the window closes and it returns.")
     taken_by: str | None = Field(
         default=None, max_length=MAX_NAME_LENGTH, description="The attempt that took it."
@@ -711,10 +725,10 @@ class LedgerEntry(Model):
     branch: str = Field(default="", max_length=MAX_NAME_LENGTH, description="Branch name.")
     attempt: int = Field(default=1, ge=1, description="Attempt number of the claim.")
     phase: ClaimPhase = Field(description="The claim's phase as decided by the ledger.")
-    reserved: ResourceMap = resource_map("R: what the claim holds (or held) from the envelope.")
-    usage: ResourceMap = resource_map("Latest accepted cumulative usage (partial or final).")
-    consumed: ResourceMap = resource_map("C: usage committed at settlement.")
-    released: ResourceMap = resource_map("R − C: what settlement returned to the envelope.")
+    reserved: ResourceMap = recorded_map("R: what the claim holds (or held) from the envelope.")
+    usage: ResourceMap = recorded_map("Latest accepted cumulative usage (partial or final).")
+    consumed: ResourceMap = recorded_map("C: usage committed at settlement.")
+    released: ResourceMap = recorded_map("R − C: what settlement returned to the envelope.")
     first_reserved_at: datetime | None = Field(
         default=None, description="When capacity was first reserved; renewals never move it."
     )
@@ -785,15 +799,15 @@ class ResourceTotals(Model):
     """Per-resource totals. For every resource:
     committed + reserved + reconciling + lent + available == capacity + borrowed."""
 
-    capacity: ResourceMap = resource_map("The envelope's budget.")
-    reserved: ResourceMap = resource_map(
+    capacity: ResourceMap = recorded_map("The envelope's budget.")
+    reserved: ResourceMap = recorded_map(
         "Held by Tentative, Committed and Running claims, and by open child envelopes."
     )
-    committed: ResourceMap = resource_map("Consumed by settled claims (never reversed).")
-    reconciling: ResourceMap = resource_map("Held by Detached claims: outcome unknown.")
-    lent: ResourceMap = resource_map("Lent to sibling envelopes and not yet repaid.")
-    borrowed: ResourceMap = resource_map("Borrowed from sibling envelopes, not yet repaid.")
-    available: ResourceMap = resource_map("Free for new claims of this envelope.")
+    committed: ResourceMap = recorded_map("Consumed by settled claims (never reversed).")
+    reconciling: ResourceMap = recorded_map("Held by Detached claims: outcome unknown.")
+    lent: ResourceMap = recorded_map("Lent to sibling envelopes and not yet repaid.")
+    borrowed: ResourceMap = recorded_map("Borrowed from sibling envelopes, not yet repaid.")
+    available: ResourceMap = recorded_map("Free for new claims of this envelope.")
 
 
 class EnvelopeSummary(Model):
@@ -820,9 +834,9 @@ class ChildEntry(Model):
         default="", max_length=63, description="Its namespace (in a pool's ledger)."
     )
     phase: ChildPhase = Field(description="Reserved (holds R here) or Settled.")
-    reserved: ResourceMap = resource_map("R: the child's capacity, held here.")
-    consumed: ResourceMap = resource_map("C: what the child committed, committed here too.")
-    released: ResourceMap = resource_map("R − C: the child's balance, returned here.")
+    reserved: ResourceMap = recorded_map("R: the child's capacity, held here.")
+    consumed: ResourceMap = recorded_map("C: what the child committed, committed here too.")
+    released: ResourceMap = recorded_map("R − C: the child's balance, returned here.")
     reserved_at: datetime | None = Field(default=None, description="When R was reserved.")
     settled_at: datetime | None = Field(default=None, description="When it settled here.")
     reason: str | None = Field(
@@ -846,9 +860,9 @@ class Loan(Model):
 
     borrower: str = Field(max_length=MAX_NAME_LENGTH, description="The borrowing envelope.")
     phase: LoanPhase = Field(description="Lent (outstanding) or Settled.")
-    amount: ResourceMap = resource_map("What was lent.")
-    repaid: ResourceMap = resource_map("Repaid so far, as the borrower recorded it.")
-    consumed: ResourceMap = resource_map(
+    amount: ResourceMap = recorded_map("What was lent.")
+    repaid: ResourceMap = recorded_map("Repaid so far, as the borrower recorded it.")
+    consumed: ResourceMap = recorded_map(
         "Not repaid when the borrower closed: consumed by its claims, committed here."
     )
     lent_at: datetime = Field(description="When it was lent (operator clock).")
@@ -859,11 +873,11 @@ class Borrowing(Model):
     """A loan from a sibling, in the borrower's ledger (keyed by the lender's UID)."""
 
     lender: str = Field(max_length=MAX_NAME_LENGTH, description="The lending envelope.")
-    amount: ResourceMap = resource_map("What was borrowed.")
-    repaid: ResourceMap = resource_map(
+    amount: ResourceMap = recorded_map("What was borrowed.")
+    repaid: ResourceMap = recorded_map(
         "Repaid so far (only grows): returned as this envelope's claims settled."
     )
-    consumed: ResourceMap = resource_map("What its claims consumed of it, set at closing.")
+    consumed: ResourceMap = recorded_map("What its claims consumed of it, set at closing.")
     received_at: datetime = Field(description="When the loan was recorded here.")
     closed_at: datetime | None = Field(
         default=None, description="When this envelope closed: nothing more is repaid."
@@ -873,7 +887,7 @@ class Borrowing(Model):
 class BorrowRequest(Model):
     """What this envelope's queue is short of: siblings that lend may cover it."""
 
-    resources: ResourceMap = resource_map("The shortage of the claim at the head of its queue.")
+    resources: ResourceMap = recorded_map("The shortage of the claim at the head of its queue.")
     priority: int = Field(default=0, description="That claim's priority.")
     since: datetime = Field(description="That claim's creation time.")
 
@@ -893,7 +907,7 @@ class ParentRecord(Model):
         description="When the parent's ledger was seen holding this envelope's capacity. "
         "Unset: never admitted (withdrawn before).",
     )
-    reserved: ResourceMap = resource_map(
+    reserved: ResourceMap = recorded_map(
         "What the parent holds for it: the envelope's capacity from then on."
     )
     settled: ChildEntry | None = Field(
@@ -955,7 +969,7 @@ class ReservationEnvelopeStatus(Model):
     wants: BorrowRequest | None = Field(
         default=None, description="What its queue is short of, for siblings that lend."
     )
-    balance_released: ResourceMap = resource_map(
+    balance_released: ResourceMap = recorded_map(
         "The balance released when the envelope closed or expired: to its parent or pool "
         "if it has one."
     )
@@ -1359,10 +1373,10 @@ class PlacementStatus(Model):
 
 class BranchClaimStatus(Model):
     phase: ClaimPhase = Field(default=ClaimPhase.PENDING, description="The claim's phase.")
-    reserved: ResourceMap = resource_map("What the claim holds (R).")
-    consumed: ResourceMap = resource_map("What settlement committed (C).")
-    released: ResourceMap = resource_map("What settlement returned (R − C).")
-    usage: ResourceMap = resource_map("Latest accepted cumulative usage.")
+    reserved: ResourceMap = recorded_map("What the claim holds (R).")
+    consumed: ResourceMap = recorded_map("What settlement committed (C).")
+    released: ResourceMap = recorded_map("What settlement returned (R − C).")
+    usage: ResourceMap = recorded_map("Latest accepted cumulative usage.")
     lease: LeaseStatus | None = Field(default=None, description="The claim's lease.")
     placement: PlacementStatus | None = Field(default=None, description="Node placement.")
     settlement: Settlement | None = Field(default=None, description="The settlement record.")
