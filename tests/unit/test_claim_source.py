@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reservoir.k8s.claim_source import WatchedClaims, forget_older, indexed, older
+from reservoir.k8s.claim_source import WatchedClaims, forget_older, indexed
 
 
 def claim(uid: str, version: str, phase: str | None = None) -> dict[str, Any]:
@@ -101,21 +101,29 @@ def test_old_deletions_are_forgotten_from_the_front() -> None:
 
 
 def test_a_version_written_by_another_before_ours_keeps_the_overlay() -> None:
-    """We wrote over version 10; the SDK had written 11 meanwhile (our write is 12): the
-    watch delivering 11 is behind our write, not past it (found by the benchmark: the next
-    status write tested a status older than our own and was refused)."""
+    """We wrote a status over version 10; the SDK had written version 11 (a spec write)
+    meanwhile, and our write is 12: the watch delivering 11 (still the status we
+    replaced) is behind our write, not past it (found by the benchmark: the next status
+    write tested a status older than our own and was refused)."""
     index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "wf"): [claim("a", "10")]}
     source = WatchedClaims(index, {})
     source.written(claim("a", "10"), claim("a", "12", "Tentative"))
     index[("ns", "wf")] = [claim("a", "11")]
     assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["12"]
-    index[("ns", "wf")] = [claim("a", "13", "Committed")]
-    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["13"]
+    source.written(claim("a", "12", "Tentative"), claim("a", "14", "Committed"))
+    index[("ns", "wf")] = [claim("a", "13", "Tentative")]  # a spec write after our first
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["14"]
+    index[("ns", "wf")] = [claim("a", "11")]  # before both of ours
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["14"]
+    index[("ns", "wf")] = [claim("a", "15", "Committed")]  # past ours: it shows our status
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["15"]
 
 
-def test_versions_that_are_not_integers_are_not_ordered() -> None:
-    assert older("9", "10")
-    assert not older("10", "9")
-    assert not older("10", "10")
-    assert not older("abc", "10")
-    assert not older("9", "")
+def test_a_fresh_read_keeps_no_version_the_watch_delivers_behind_it() -> None:
+    """A claim read fresh (not our write) is laid over only the versions it supersedes:
+    any other version the watch delivers replaces it (equality only, never an order)."""
+    index: dict[tuple[str, str], list[dict[str, Any]]] = {("ns", "wf"): [claim("a", "10")]}
+    source = WatchedClaims(index, {})
+    source.written(claim("a", "10"), claim("a", "12", "Tentative"), own=False)
+    index[("ns", "wf")] = [claim("a", "11")]
+    assert [c["metadata"]["resourceVersion"] for c in read(source)] == ["11"]
