@@ -69,13 +69,14 @@ from tests.clusters import schemaless_crd  # noqa: E402
 import audit  # noqa: E402
 import load  # noqa: E402
 import plots  # noqa: E402
+import request_costs  # noqa: E402
 from identities import user_kubeconfig  # noqa: E402
 from localcluster import ClusterState, LocalCluster, NodeShape, build_binaries  # noqa: E402
 from reservoir import __version__ as reservoir_version  # noqa: E402
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope  # noqa: E402
 from reservoir.sdk import AsyncReservoir  # noqa: E402
 
-SCENARIOS = ("throughput", "baseline", "latency", "hot", "profile", "kueue", "scale")
+SCENARIOS = ("throughput", "baseline", "latency", "hot", "profile", "kueue", "scale", "requests")
 OPERATOR_USER = "reservoir-operator"
 LOAD_USER = "bench-load"
 KUEUE_USER = "kueue-manager"
@@ -1369,6 +1370,35 @@ def report_scale(bench: Bench, result: dict[str, Any]) -> None:
     bench.row(s, "429s (audit, all users)", f["throttled_429"], "", "throttled_429")
 
 
+def scenario_requests(bench: Bench) -> dict[str, Any]:
+    """The API server's CPU per request of each kind (no operator, nothing else running):
+    fresh reads, an envelope's ledger write, a claim's status write."""
+    namespace = bench.namespace("requests")
+    claims, count = (40, 200)
+    say(f"requests: the API server's CPU per request, a ledger of {claims} entries")
+    pid = bench.component_pids()["kube-apiserver"]
+
+    async def run() -> dict[str, Any]:
+        client = load.client_for(str(bench.load_kubeconfig), 4, "bench-requests")
+        try:
+            return await request_costs.measure(
+                client, lambda: proc_cpu_seconds(pid), namespace, claims, count
+            )
+        finally:
+            await client.close()
+
+    figures = asyncio.run(run())
+    return {"parameters": {"claims": claims, "requests": count}, "figures": figures}
+
+
+def report_requests(bench: Bench, result: dict[str, Any]) -> None:
+    f = result["figures"]
+    bench.row("requests", "ledger entries", f["ledger_entries"])
+    bench.row("requests", "envelope size (with managed fields)", f["envelope_bytes"], "bytes")
+    for kind, ms in f["per_request_ms"].items():
+        bench.row("requests", f"API server CPU: {kind}", ms["apiserver_cpu"], "ms")
+
+
 RUNNERS: dict[
     str, tuple[Callable[[Bench], dict[str, Any]], Callable[[Bench, dict[str, Any]], None]]
 ] = {
@@ -1379,6 +1409,7 @@ RUNNERS: dict[
     "profile": (scenario_profile, report_profile),
     "kueue": (scenario_kueue, report_kueue),
     "scale": (scenario_scale, report_scale),
+    "requests": (scenario_requests, report_requests),
 }
 
 
