@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import random
@@ -11,6 +12,8 @@ from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
+
+from lightkube import AsyncClient, KubeConfig
 
 from reservoir.core.claimstatus import settled_record
 from reservoir.core.model import LedgerEntry
@@ -43,6 +46,30 @@ def create_envelope(
         "spec": {"capacity": capacity, "policy": policy},
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def make_claim(cluster: ClusterHandle, ns: str, name: str, **spec: Any) -> None:
+    """A claim on envelope `wf` asking for 20 tokens, with `spec` laid over that."""
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "BranchClaim",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"envelope": "wf", "requests": {"tokens": "20"}, **spec},
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def with_client(cluster: ClusterHandle, scenario: Callable[[AsyncClient], Any]) -> Any:
+    """Run the coroutine `scenario(client)` with an async client of the cluster."""
+
+    async def run() -> Any:
+        client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig_path)))
+        try:
+            return await scenario(client)
+        finally:
+            await client.close()
+
+    return asyncio.run(run())
 
 
 def totals(sdk: Reservoir, envelope: str) -> dict[str, str]:

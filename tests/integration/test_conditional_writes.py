@@ -5,12 +5,9 @@ refused by the other's writes; each is refused when what it checked has moved.""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import Callable
 from typing import Any
 
-from lightkube import ApiError, AsyncClient, KubeConfig
+from lightkube import ApiError, AsyncClient
 from lightkube.types import PatchType
 
 from reservoir.k8s.facts import as_dict
@@ -19,27 +16,8 @@ from reservoir.k8s.resources import BranchClaim
 from reservoir.sdk.client import fenced_patch
 from reservoir.sdk.views import ClaimView
 from tests.clusters import ClusterHandle
-
-
-def make_claim(cluster: ClusterHandle, ns: str, name: str, **spec: Any) -> None:
-    body = {
-        "apiVersion": "reservoir.dev/v1alpha1",
-        "kind": "BranchClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"envelope": "wf", "requests": {"tokens": "20"}, **spec},
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
-
-
-def run(cluster: ClusterHandle, scenario: Callable[[AsyncClient], Any]) -> Any:
-    async def with_client() -> Any:
-        client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig_path)))
-        try:
-            return await scenario(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(with_client())
+from tests.integration.helpers import make_claim
+from tests.integration.helpers import with_client as run
 
 
 async def body(client: AsyncClient, ns: str, name: str) -> dict[str, Any]:

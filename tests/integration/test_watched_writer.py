@@ -7,13 +7,11 @@ runs a writer whose index holds an older copy (or none) of a claim, and compares
 
 from __future__ import annotations
 
-import asyncio
-import json
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 from lightkube.types import PatchType
 
 from reservoir.core.model import ClaimPhase, ReservationEnvelopeStatus
@@ -22,34 +20,14 @@ from reservoir.k8s.facts import as_dict
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
 from tests.clusters import ClusterHandle
-from tests.integration.helpers import create_envelope
+from tests.integration.helpers import create_envelope, make_claim
+from tests.integration.helpers import with_client as run
 
 START = datetime.now(UTC).replace(microsecond=0)
 
 
 def no_events(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     """These writers post no Events: the tests read the ledger instead."""
-
-
-def make_claim(cluster: ClusterHandle, ns: str, name: str, **spec: Any) -> None:
-    body = {
-        "apiVersion": "reservoir.dev/v1alpha1",
-        "kind": "BranchClaim",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"envelope": "wf", "requests": {"tokens": "20"}, **spec},
-    }
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
-
-
-def run(cluster: ClusterHandle, scenario: Callable[[AsyncClient], Any]) -> Any:
-    async def with_client() -> Any:
-        client = AsyncClient(config=KubeConfig.from_file(str(cluster.kubeconfig_path)))
-        try:
-            return await scenario(client)
-        finally:
-            await client.close()
-
-    return asyncio.run(with_client())
 
 
 def at(seconds: float) -> Callable[[], datetime]:
