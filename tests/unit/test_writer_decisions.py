@@ -14,7 +14,7 @@ from reservoir.core.model import (
     Transition,
     Trigger,
 )
-from reservoir.k8s.ledger_writer import decided_on_absence, only_usage_moved
+from reservoir.k8s.ledger_writer import decided_on_absence, only_usage_moved, reencoded_text
 
 AT = datetime(2026, 11, 30, tzinfo=UTC)
 
@@ -78,3 +78,13 @@ def test_only_a_change_in_usage_alone_may_wait() -> None:
     moved = reported.model_copy(update={"phase": ClaimPhase.CONSUMED})
     assert not only_usage_moved(before, moved)
     assert not only_usage_moved(before, before)
+
+
+def test_text_the_api_server_reencodes_is_found_anywhere_in_a_status() -> None:
+    assert not reencoded_text({"phase": "Tentative", "history": [{"reason": "café"}], "n": 3})
+    assert reencoded_text({"conditions": [{"message": "state '<queued>'"}]})
+    assert reencoded_text({"result": "https://x.example/r?a=1&b=2"})
+    assert reencoded_text({"reserved": {"a>b": "1"}})
+    assert reencoded_text(["line\u2028break"])
+    assert reencoded_text("tab\there")
+    assert not reencoded_text(None)

@@ -816,18 +816,6 @@ class LedgerWriter:
                     target, "Warning" if event.warning else "Normal", event.reason, event.message
                 )
 
-    async def _write_status(
-        self, namespace: str, claim: dict[str, Any], wanted: BranchClaimStatus
-    ) -> Any:
-        """Write a claim's status with `status_patch`: conditional on the status read."""
-        return await self.client.patch(
-            BranchClaim.Status,
-            claim["metadata"]["name"],
-            status_patch(claim, wanted.to_api()),
-            namespace=namespace,
-            patch_type=PatchType.JSON,
-        )
-
     async def _mirror(
         self,
         namespace: str,
@@ -839,7 +827,7 @@ class LedgerWriter:
     ) -> tuple[set[str], set[str]]:
         """Write each claim's status from the ledger just read or written (its entry, its
         queue position, or a record kept off the ledger), if it moved. Conditional on the
-        status read (`_write_status`); a conflict just waits for the next reconcile, since
+        status read (`write_claim_status`); a conflict just waits for the next reconcile, since
         the mirror can always be recomputed. A refused write is reported, never raised.
         Returns the UIDs whose status now says what the ledger says, and of them those whose
         status this call wrote."""
@@ -897,7 +885,7 @@ class LedgerWriter:
             meta = claim["metadata"]
             try:
                 async with limit:
-                    written = await self._write_status(namespace, claim, wanted)
+                    written = await write_claim_status(self.client, namespace, claim, wanted)
                 after = read.as_dict(written)
                 self.source.written(claim, after)
                 parsed[(meta["uid"], after["metadata"]["resourceVersion"])] = wanted
@@ -939,6 +927,48 @@ def status_patch(claim: Mapping[str, Any], wanted: Mapping[str, Any]) -> list[di
         {"op": "test", "path": "/status", "value": claim.get("status")},
         {"op": "add", "path": "/status", "value": wanted},
     ]
+
+
+async def write_claim_status(
+    client: AsyncClient, namespace: str, claim: Mapping[str, Any], wanted: BranchClaimStatus
+) -> Any:
+    """Write a claim's status, conditional on the status read: with `status_patch`, unless
+    the status read holds text the API server's JSON patch would compare unequal to itself
+    (`reencoded_text`); then with a PUT conditional on the claim's resourceVersion."""
+    meta = claim["metadata"]
+    if reencoded_text(claim.get("status")):
+        body = BranchClaim.Status(
+            metadata=ObjectMeta(
+                name=meta["name"], namespace=namespace, resourceVersion=meta["resourceVersion"]
+            ),
+            status=wanted.to_api(),
+        )
+        return await client.replace(body, meta["name"], namespace=namespace)
+    return await client.patch(
+        BranchClaim.Status,
+        meta["name"],
+        status_patch(claim, wanted.to_api()),
+        namespace=namespace,
+        patch_type=PatchType.JSON,
+    )
+
+
+# Characters the API server's JSON encoder escapes (\u003c, \u0026, ...) where a client
+# sends them as they are. Its JSON patch `test` compares strings as encoded, so a status
+# holding one never tests equal to itself (found by review: a provider's error "<queued>"
+# in a condition message froze the claim's status for good).
+_REENCODED = frozenset("<>&\u2028\u2029") | frozenset(chr(c) for c in range(0x20))
+
+
+def reencoded_text(value: Any) -> bool:
+    """Whether any string in `value` (keys included) holds a character in `_REENCODED`."""
+    if isinstance(value, str):
+        return not _REENCODED.isdisjoint(value)
+    if isinstance(value, Mapping):
+        return any(reencoded_text(k) or reencoded_text(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(reencoded_text(item) for item in value)
+    return False
 
 
 def status_moved(claim: Mapping[str, Any], fresh: Mapping[str, Any] | None) -> bool:
