@@ -372,12 +372,21 @@ async def raw_lifecycles(
     async def patch(resource: Any, name: str, body: dict[str, Any]) -> None:
         await client.patch(resource, name, body, namespace=namespace, patch_type=PatchType.MERGE)
 
+    # Per envelope, the claims settled since its last write: that write drops their
+    # entries, as the operator compacts settled lines (else the stand-in ledger grows with
+    # every claim, and at the sizes the API server timed its writes out).
+    settled: dict[str, set[str]] = {}
+
     async def envelope_writes(envelope: str, claim: str, phase: str, share: float) -> None:
+        if phase == "Consumed":
+            settled.setdefault(envelope, set()).add(claim)
         owed[0] += share
         while owed[0] >= 1.0:
             owed[0] -= 1.0
-            entry = {"status": {"entries": {claim: {"phase": phase}}}}
-            await patch(RawEnvelope.Status, envelope, entry)
+            entries: dict[str, Any] = {name: None for name in settled.pop(envelope, set())}
+            if phase != "Consumed":
+                entries[claim] = {"phase": phase}
+            await patch(RawEnvelope.Status, envelope, {"status": {"entries": entries}})
 
     async def one(index: int) -> None:
         async with slots:
