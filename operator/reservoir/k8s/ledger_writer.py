@@ -566,8 +566,8 @@ class LedgerWriter:
         leases: dict[str, dict[str, Any]],
         lapsing: set[str],
     ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-        """The claims `wanted` (UID -> name) read fresh with one GET each, and the Leases of
-        those `lapsing`: a claim that is not found (or is another claim now) is gone."""
+        """The claims `wanted` (UID -> name) read fresh, and the Leases of those `lapsing`:
+        a claim that is not found (or is another claim now) is gone."""
         if not wanted:
             return claims, leases
         by_uid = {c["metadata"]["uid"]: c for c in claims}
@@ -575,7 +575,7 @@ class LedgerWriter:
 
         async def read_fresh(uid: str, name: str) -> tuple[Any, Any]:
             async with limit:
-                found = await get_object(self.client, BranchClaim, name, namespace)
+                found = await self._read_over(namespace, name, uid, by_uid.get(uid))
                 lease = None
                 if uid in lapsing:
                     lease = await get_object(self.client, Lease, name, namespace)
@@ -584,17 +584,27 @@ class LedgerWriter:
         answers = await asyncio.gather(*(read_fresh(u, n) for u, n in wanted.items()))
         leases = dict(leases)
         for (uid, name), (found, lease) in zip(wanted.items(), answers, strict=True):
-            old = by_uid.pop(uid, None)
-            if found is not None and found["metadata"]["uid"] == uid:
+            by_uid.pop(uid, None)
+            if found is not None:
                 by_uid[uid] = found
-                if old is not None:
-                    self.source.written(old, found, own=False)
             if uid in lapsing:
                 if lease is None:
                     leases.pop(name, None)
                 else:
                     leases[name] = lease
         return list(by_uid.values()), leases
+
+    async def _read_over(
+        self, namespace: str, name: str, uid: str, old: Mapping[str, Any] | None
+    ) -> dict[str, Any] | None:
+        """The claim read fresh, laid over the index's copy `old` (when there is one); None
+        if it is gone or is another claim now (UIDs are never reused)."""
+        found = await get_object(self.client, BranchClaim, name, namespace)
+        if found is None or found["metadata"]["uid"] != uid:
+            return None
+        if old is not None:
+            self.source.written(old, found, own=False)
+        return found
 
     async def consult(
         self,
@@ -895,13 +905,11 @@ class LedgerWriter:
                 code = error.status.code or 0
                 fresh = None
                 if code in (404, 409, 422):
-                    fresh = await get_object(self.client, BranchClaim, meta["name"], namespace)
+                    # Laid over the copy for the next pass (found by review: a lagging
+                    # index made every pass fail the same write).
+                    fresh = await self._read_over(namespace, meta["name"], meta["uid"], claim)
                 if code in (404, 409) or (code == 422 and status_moved(claim, fresh)):
-                    # The copy was stale (its status moved, or the claim went): lay the
-                    # claim read fresh over it for the next pass (found by review: a
-                    # lagging index made every pass fail the same write).
-                    if fresh is not None and fresh["metadata"]["uid"] == meta["uid"]:
-                        self.source.written(claim, fresh, own=False)
+                    # The copy was stale (its status moved, or the claim went).
                     self.poke(namespace, claim["spec"].get("envelope", ""))
                 elif 400 <= code < 500:
                     metrics.ledger_errors.labels(namespace, "MirrorRefused").inc()
