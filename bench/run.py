@@ -1052,7 +1052,8 @@ def scenario_profile(bench: Bench) -> dict[str, Any]:
             check=False,
             capture_output=True,
         )  # fmt: skip
-    result["figures"]["profile_top"] = profile_top(session)
+    result["figures"]["profile_top"] = top = profile_top(session)
+    plot_profile(top)
     result["figures"]["profile_files"] = [
         str((RESULTS / f"profile.{s}").relative_to(REPO)) for s in ("txt", "html", "pyisession")
     ]
@@ -1116,6 +1117,25 @@ def profile_top(session_path: Path, limit: int = 12) -> dict[str, Any]:
             [(k, v) for k, v in top_inclusive if not k.startswith(skip)][:limit]
         ),
     }
+
+
+def plot_profile(top: dict[str, Any]) -> None:
+    """profile.png: the operator's top functions, by their own time and (Reservoir's) with
+    what they call, as a share of the sampled wall-clock time."""
+    if not top:
+        return
+    plots.bars(
+        RESULTS / "profile.png",
+        f"operator profile: share of {top['sampled_seconds']} s sampled "
+        f"({round(100 * top['idle_fraction'])} % waiting for I/O)",
+        {
+            "self time": {e["function"]: 100 * e["fraction"] for e in top["top_self"]},
+            "with callees (Reservoir's)": {
+                e["function"]: 100 * e["fraction"] for e in top["top_reservoir_inclusive"]
+            },
+        },
+        "% of sampled time",
+    )
 
 
 def report_profile(bench: Bench, result: dict[str, Any]) -> None:
@@ -1388,7 +1408,23 @@ def scenario_requests(bench: Bench) -> dict[str, Any]:
             await client.close()
 
     figures = asyncio.run(run())
+    plot_requests(figures)
     return {"parameters": {"claims": claims, "requests": count}, "figures": figures}
+
+
+def plot_requests(figures: dict[str, Any]) -> None:
+    """requests.png: the API server's CPU (and the wall time) per request of each kind."""
+    per_request = figures["per_request_ms"]
+    plots.bars(
+        RESULTS / "requests.png",
+        f"one request of each kind, ledger of {figures['ledger_entries']} entries "
+        f"({figures['envelope_bytes']:,} bytes)",
+        {
+            "API server CPU": {kind: ms["apiserver_cpu"] for kind, ms in per_request.items()},
+            "wall time": {kind: ms["wall"] for kind, ms in per_request.items()},
+        },
+        "ms per request",
+    )
 
 
 def report_requests(bench: Bench, result: dict[str, Any]) -> None:
