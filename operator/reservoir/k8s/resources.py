@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import weakref
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -43,6 +44,14 @@ def field_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
 
 
+# What a client may not LIST (403: a reader allowed only get), by kind and namespace: read
+# with a GET from then on, not asked again on every read. RBAC changes rarely; a client
+# made after a role grants list reads by LIST again.
+_LIST_FORBIDDEN: weakref.WeakKeyDictionary[AsyncClient, set[tuple[Any, str | None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
 async def get_object(
     client: AsyncClient, kind: Any, name: str, namespace: str | None
 ) -> dict[str, Any] | None:
@@ -55,12 +64,17 @@ async def get_object(
     decodes it again: a quarter of the API server's CPU for an envelope's ledger (3 ms
     against 12 for one of 48 KB, measured on this project's control plane), which the
     writer and the SDK read several times per claim. A refused LIST (429 while the cache
-    initializes, 403 for a reader allowed only get) falls back to the GET."""
-    try:
-        return await _listed_by_name(client, kind, name, namespace)
-    except ApiError as error:
-        if error.status.code not in (403, 429):
-            raise
+    initializes, 403 for a reader allowed only get) falls back to the GET; after a 403,
+    that client reads that kind in that namespace with GETs only."""
+    forbidden = _LIST_FORBIDDEN.get(client, set())
+    if (kind, namespace) not in forbidden:
+        try:
+            return await _listed_by_name(client, kind, name, namespace)
+        except ApiError as error:
+            if error.status.code not in (403, 429):
+                raise
+            if error.status.code == 403:
+                _LIST_FORBIDDEN.setdefault(client, set()).add((kind, namespace))
     try:
         if namespace is None:
             found = await client.get(kind, name)

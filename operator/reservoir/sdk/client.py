@@ -613,8 +613,12 @@ class AsyncReservoir:
     async def _current(self, caller: ClaimView) -> ClaimView:
         """The claim `caller` names as it is now, with its ledger entry; StaleClaimError if
         it is gone or is now another claim."""
+        return await self._with_ledger(await self._current_claim(caller))
+
+    async def _current_claim(self, caller: ClaimView) -> ClaimView:
+        """The claim object `caller` names as it is now (no ledger entry read)."""
         try:
-            current = await self.get(caller.name)
+            current = await self._read_claim(caller.name)
         except ClaimNotFoundError:
             raise StaleClaimError(f"branchclaim/{caller.name} no longer exists") from None
         _same_claim(caller, current)
@@ -690,10 +694,11 @@ class AsyncReservoir:
                     raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
                 if code in (409, 422):
                     # A failed test (the claim moved) and a refusal both answer 422: the
-                    # claim read again tells them apart.
-                    current = await self._current(claim)
+                    # claim read again tells them apart, and only a moved claim needs its
+                    # ledger entry read again to be checked anew.
+                    current = await self._current_claim(claim)
                     if code == 409 or current.generation != view.generation:
-                        view = current
+                        view = await self._with_ledger(current)
                         continue
                     raise refused(
                         f"branchclaim/{view.name}: refused by the API server: "
