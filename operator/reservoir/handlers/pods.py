@@ -13,10 +13,11 @@ from reservoir.services import Services
 
 
 @kopf.index(API_GROUP, API_VERSION, "branchclaims")
-def envelope_of_claim(
+async def envelope_of_claim(
     name: str, namespace: str | None, spec: kopf.Spec, **_: Any
 ) -> dict[tuple[str | None, str], str]:
-    """claim (namespace, name) → its envelope, so a pod event finds the ledger to wake."""
+    """claim (namespace, name) → its envelope, so a pod event finds the ledger to wake.
+    (A coroutine: kopf runs plain functions in a thread pool, a hand-off per claim event.)"""
     return {(namespace, name): spec.get("envelope", "")}
 
 
