@@ -130,6 +130,9 @@ def tally(found: list[Request], per: int | float | None = None) -> dict[str, Any
             )
         ),
         "conflicts_409": codes.get("409", 0),
+        # The claims' writers' compare-and-swaps are JSON patches with `test` operations:
+        # a failed test (the object moved) answers 422, as a refusal by validation does.
+        "failed_tests_422": sum(1 for r in found if r.code == 422 and r.verb == "patch"),
         "throttled_429": codes.get("429", 0),
     }
     if per:
@@ -139,6 +142,7 @@ def tally(found: list[Request], per: int | float | None = None) -> dict[str, Any
             "reads": by_kind["read"] / per,
             "writes": by_kind["write"] / per,
             "conflicts_409": codes.get("409", 0) / per,
+            "failed_tests_422": result["failed_tests_422"] / per,
             "by_verb_resource": {k: v / per for k, v in result["by_verb_resource"].items()},
         }
     return result

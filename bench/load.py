@@ -27,7 +27,9 @@ import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
 from lightkube.config.client_adapter import verify_cluster
 from lightkube.generic_resource import create_namespaced_resource
+from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
@@ -35,7 +37,9 @@ from reservoir.sdk import AsyncReservoir
 from reservoir.sdk.errors import NotReservedError
 from reservoir.sdk.views import ClaimView
 
-TERMINAL = frozenset({"Consumed", "Released", "Expired", "Rejected", "Gone"})
+SETTLED = frozenset({"Consumed", "Released", "Expired", "Rejected"})
+# Capacity back: settled, or the entry compacted out of the ledger (settled, unseen).
+TERMINAL = SETTLED | {"Gone"}
 HOLDING = frozenset({"Tentative", "Committed", "Running"})
 COMMITTED = frozenset({"Committed", "Running"})
 RAW_GROUP = "bench.reservoir.dev"
@@ -170,6 +174,17 @@ class Tracker:
                 future.set_result(now)
         self._waiters[uid] = [(p, f) for p, f in waiters if not f.done()]
 
+    def settled_phase(self, uid: str) -> str | None:
+        """The phase the claim was first seen settled in (ledger or status), if any."""
+        seen = self.seen.get(uid)
+        if seen is None:
+            return None
+        times = [
+            (t, p) for source in (seen.ledger, seen.status) for p, t in source.items()
+            if p in SETTLED
+        ]  # fmt: skip
+        return min(times)[1] if times else None
+
     async def reached(self, uid: str, phases: frozenset[str], within: float) -> float:
         """The time (monotonic) the claim was first seen in one of `phases`, waiting for it
         up to `within` seconds (TimeoutError)."""
@@ -197,6 +212,7 @@ class Sample:
 
     name: str
     envelope: str
+    offered: float | None = None  # open loop: when it was due to start (its arrival)
     created: float = 0.0  # the create request was sent
     tentative: float | None = None
     tentative_status: float | None = None  # the claim's status mirror caught up
@@ -205,6 +221,7 @@ class Sample:
     final: float | None = None  # the final report's write was acknowledged
     returned: float | None = None  # the ledger shows the capacity returned
     done: float | None = None  # deleted
+    settled_as: str | None = None  # the phase it settled in (a whole life: Consumed)
     error: str | None = None
 
     def latency(self, start: str, end: str) -> float | None:
@@ -264,7 +281,8 @@ async def claim_lifecycles(
 
     async def one(index: int, sample: Sample) -> None:
         if rate:
-            await asyncio.sleep(max(0.0, begin + index / rate - time.monotonic()))
+            sample.offered = begin + index / rate
+            await asyncio.sleep(max(0.0, sample.offered - time.monotonic()))
         async with slots:
             try:
                 await _life(sdk, tracker, sample, options)
@@ -317,6 +335,12 @@ async def _life(sdk: AsyncReservoir, tracker: Tracker, s: Sample, options: Optio
     view = await sdk.finish(view, options.final)
     s.final = time.monotonic()
     s.returned = await tracker.reached(uid, TERMINAL, within)
+    # A whole life ends Consumed (charged its usage): any other settlement is a failure,
+    # not a completed claim (the ledger's entry may be gone before the status says which).
+    await tracker.reached(uid, SETTLED, within)
+    s.settled_as = tracker.settled_phase(uid)
+    if s.settled_as != "Consumed":
+        raise RuntimeError(f"settled as {s.settled_as}, not Consumed")
     seen = tracker.seen.get(uid)
     if seen is not None:
         s.tentative_status = seen.first_in_status(HOLDING)
@@ -340,10 +364,44 @@ async def _retry_not_reserved(call: Callable[[], Awaitable[ClaimView]]) -> Claim
 
 @dataclass
 class RawPlan:
-    """The writes one raw claim makes, matched to what Reservoir's run made per claim."""
+    """The writes one raw claim makes besides its own create, spec patches and delete
+    (the SDK's): per claim, matched to what the operator made per claim in the throughput
+    run, each a fraction spread over the run (3.53 status writes per claim: 3 for some
+    claims, 4 for others, 3.53 on average)."""
 
-    claim_status_writes: int = 3
-    envelope_status_writes: float = 1.0  # per claim, spread over the run
+    claim_status_writes: float = 3.0  # patch rawclaims/status (the operator's mirror)
+    claim_patches: float = 1.0  # patch rawclaims (the operator's finalizer removal)
+    envelope_status_writes: float = 1.0  # update rawenvelopes/status (the ledger)
+    events: float = 1.0  # create events (the settlement's Event)
+
+
+class Share:
+    """A fractional number of writes per claim, handed out as whole writes: each claim
+    takes what has accumulated, so that over the run the average is the fraction."""
+
+    def __init__(self, per_claim: float) -> None:
+        self.per_claim = per_claim
+        self.owed = 0.0
+
+    def take(self, fraction: float = 1.0) -> int:
+        self.owed += self.per_claim * fraction
+        whole = int(self.owed)
+        self.owed -= whole
+        return whole
+
+
+RAW_FINALIZER = f"{RAW_GROUP}/settlement"
+
+
+async def raw_envelopes(client: AsyncClient, namespace: str, envelopes: int) -> None:
+    """The raw baseline's stand-in envelopes (made before its measurement starts)."""
+    for index in range(envelopes):
+        await client.create(
+            RawEnvelope(
+                metadata=ObjectMeta(name=f"env-{index}", namespace=namespace),
+                spec={"capacity": {"tokens": "1e9"}},
+            )
+        )
 
 
 async def raw_lifecycles(
@@ -355,68 +413,111 @@ async def raw_lifecycles(
     plan: RawPlan,
     label: str = "raw",
 ) -> list[tuple[float, float]]:
-    """`count` raw claims through create, the spec patches of dispatch, usage and the final
-    report, `plan`'s status writes, and delete: (start, end) per claim, monotonic."""
-    for index in range(envelopes):
-        await client.create(
-            RawEnvelope(
-                metadata=ObjectMeta(name=f"env-{index}", namespace=namespace),
-                spec={"capacity": {"tokens": "1e9"}},
-            )
-        )
+    """`count` raw claims through what a Reservoir claim's life writes, by the same verbs
+    on the same kinds of resources, with no operator and no schema: the create, the spec
+    patches of dispatch, usage and the final report, and the delete (the SDK's), and
+    `plan`'s status writes, envelope status updates (a PUT conditional on the version,
+    one writer per envelope), finalizer removal and Events (the operator's). (start, end)
+    per claim, monotonic. The envelopes are made beforehand (`raw_envelopes`)."""
     slots = asyncio.Semaphore(concurrency)
     progress = Progress(label, count)
-    owed = [0.0]  # envelope status writes owed, fractional
     timings: list[tuple[float, float]] = []
+    status_writes, claim_patches = Share(plan.claim_status_writes), Share(plan.claim_patches)
+    envelope_writes, events = Share(plan.envelope_status_writes), Share(plan.events)
 
     async def patch(resource: Any, name: str, body: dict[str, Any]) -> None:
         await client.patch(resource, name, body, namespace=namespace, patch_type=PatchType.MERGE)
 
-    # Per envelope, the claims settled since its last write: that write drops their
-    # entries, as the operator compacts settled lines (else the stand-in ledger grows with
-    # every claim, and at the issue's sizes the API server timed its writes out).
+    # Per envelope, one writer at a time (as the operator's ledger writer), the version it
+    # last wrote, and the claims settled since: that write drops their entries, as the
+    # operator compacts settled lines (else the stand-in ledger grows with every claim,
+    # and at the issue's sizes the API server timed its writes out).
+    locks: dict[str, asyncio.Lock] = {}
+    bodies: dict[str, dict[str, Any]] = {}
     settled: dict[str, set[str]] = {}
 
-    async def envelope_writes(envelope: str, claim: str, phase: str, share: float) -> None:
-        if phase == "Consumed":
-            settled.setdefault(envelope, set()).add(claim)
-        owed[0] += share
-        while owed[0] >= 1.0:
-            owed[0] -= 1.0
-            entries: dict[str, Any] = {name: None for name in settled.pop(envelope, set())}
+    async def write_ledger(envelope: str, claim: str, phase: str) -> None:
+        async with locks.setdefault(envelope, asyncio.Lock()):
+            body = bodies.get(envelope)
+            if body is None:
+                body = (await client.get(RawEnvelope, envelope, namespace=namespace)).to_dict()
+            entries = dict((body.get("status") or {}).get("entries") or {})
+            for name in settled.pop(envelope, set()):
+                entries.pop(name, None)
             if phase != "Consumed":
                 entries[claim] = {"phase": phase}
-            await patch(RawEnvelope.Status, envelope, {"status": {"entries": entries}})
+            body = {**body, "status": {"entries": entries}}
+            written = await client.replace(
+                RawEnvelope.Status(
+                    metadata=ObjectMeta(
+                        name=envelope,
+                        namespace=namespace,
+                        resourceVersion=body["metadata"]["resourceVersion"],
+                    ),
+                    status=body["status"],
+                ),
+                envelope,
+                namespace=namespace,
+            )
+            bodies[envelope] = written.to_dict()
+
+    async def ledger(envelope: str, claim: str, phase: str) -> None:
+        if phase == "Consumed":
+            settled.setdefault(envelope, set()).add(claim)
+        for _ in range(envelope_writes.take(0.5)):
+            await write_ledger(envelope, claim, phase)
 
     async def one(index: int) -> None:
         async with slots:
             started = time.monotonic()
             name, envelope = f"raw-{index}", f"env-{index % envelopes}"
-            status_phases = _spread(
-                ["Tentative", "Committed", "Consumed"], plan.claim_status_writes
-            )
-            share = plan.envelope_status_writes / 2
+            phases = _spread(["Tentative", "Committed", "Consumed"], status_writes.take())
+            patches = claim_patches.take()
             await client.create(
                 RawClaim(
-                    metadata=ObjectMeta(name=name, namespace=namespace),
+                    metadata=ObjectMeta(
+                        name=name,
+                        namespace=namespace,
+                        finalizers=[RAW_FINALIZER] if patches else None,
+                    ),
                     spec={"envelope": envelope, "requests": {"tokens": "10"}},
                 )
             )
-            await envelope_writes(envelope, name, "Tentative", share)
-            for phase in status_phases[: len(status_phases) // 2]:
+            await ledger(envelope, name, "Tentative")
+            for phase in phases[: len(phases) // 2]:
                 await patch(RawClaim.Status, name, {"status": {"phase": phase}})
             await patch(RawClaim, name, {"spec": {"dispatch": True}})
             await patch(RawClaim, name, {"spec": {"usage": {"tokens": "3"}}})
             await patch(RawClaim, name, {"spec": {"usage": {"tokens": "5"}, "final": True}})
-            await envelope_writes(envelope, name, "Consumed", share)
-            for phase in status_phases[len(status_phases) // 2 :]:
+            await ledger(envelope, name, "Consumed")
+            for phase in phases[len(phases) // 2 :]:
                 await patch(RawClaim.Status, name, {"status": {"phase": phase}})
+            for number in range(events.take()):
+                await client.create(raw_event(namespace, name, number))
+            for _ in range(patches - 1):
+                await patch(RawClaim, name, {"metadata": {"labels": {"seen": "yes"}}})
             await client.delete(RawClaim, name, namespace=namespace)
+            if patches:
+                await patch(RawClaim, name, {"metadata": {"finalizers": None}})
             timings.append((started, time.monotonic()))
             progress.tick()
 
     await asyncio.gather(*(one(index) for index in range(count)))
     return timings
+
+
+def raw_event(namespace: str, claim: str, number: int) -> Event:
+    """An Event about a raw claim, as the operator posts one when a claim settles."""
+    return Event(
+        metadata=ObjectMeta(name=f"{claim}.{number}", namespace=namespace),
+        involvedObject=ObjectReference(
+            apiVersion=f"{RAW_GROUP}/v1", kind="RawClaim", name=claim, namespace=namespace
+        ),
+        reason="Consumed",
+        message="settled as Consumed",
+        type="Normal",
+        source=EventSource(component="bench-raw"),
+    )
 
 
 def _spread(phases: list[str], count: int) -> list[str]:
