@@ -101,11 +101,10 @@ class Sizes:
     # 145 one-resource claims at once, whatever policy.maxActiveClaims says.
     scale_per_envelope: int
     scale_concurrency: int
-    latency_claims: int  # claims offered at LATENCY_RATE (open loop)
+    latency_claims: int  # claims offered at latency_rate (open loop)
+    latency_rate: float = 20.0  # claims/s: the issue's latency targets hold at 20/s
 
 
-# The issue's latency targets hold "at an offered 20 claims/s".
-LATENCY_RATE = 20.0
 # Open loop: every claim starts when due, however many are in flight (a bound would hide
 # the wait for a slot from the latencies); they share at most this many connections.
 LATENCY_CONNECTIONS = 256
@@ -858,27 +857,28 @@ def report_throughput(bench: Bench, result: dict[str, Any]) -> None:
 
 
 def scenario_latency(bench: Bench) -> dict[str, Any]:
-    """Latency at an offered load: claims start at LATENCY_RATE per second whatever the
+    """Latency at an offered load: claims start at `latency_rate` per second whatever the
     operator does (open loop), spread over the throughput run's envelopes."""
     sizes = bench.sizes
+    rate = sizes.latency_rate
     namespace = bench.namespace("latency")
     operator = Operator(bench, namespace, "latency")
     operator.start()
     envelopes = [f"env-{i}" for i in range(sizes.envelopes)]
     names = claim_names(envelopes, -(-sizes.latency_claims // sizes.envelopes), prefix="l")
     names = names[: sizes.latency_claims]
-    say(f"latency: {len(names)} claims at {LATENCY_RATE:g}/s over {len(envelopes)} envelopes")
+    say(f"latency: {len(names)} claims at {rate:g}/s over {len(envelopes)} envelopes")
     try:
         run = asyncio.run(
             run_claims(
                 bench, operator, namespace, envelopes, sizes.quota, names, len(names),
-                options(bench), "latency", rate=LATENCY_RATE, connections=LATENCY_CONNECTIONS,
+                options(bench), "latency", rate=rate, connections=LATENCY_CONNECTIONS,
             )
         )  # fmt: skip
     finally:
         operator.stop(timeout=180)
     cost = api_cost(bench, run.audit_span, namespace, len(run.samples))
-    plot_claims(RESULTS / "latency.png", f"latency: {len(names)} claims at 20/s", run)
+    plot_claims(RESULTS / "latency.png", f"latency: {len(names)} claims at {rate:g}/s", run)
     figures = claim_figures(run, cost)
     # From each claim's arrival (when it was due), not from its create request: whatever
     # delayed the request (the load generator's own event loop) is in the figure.
@@ -890,7 +890,7 @@ def scenario_latency(bench: Bench) -> dict[str, Any]:
     # first life (before any claim completes) nor the drain (after the last arrival) is in
     # it, as both would be in completions over the run's wall time.
     done = sorted(s.done for s in run.completed if s.done is not None)
-    figures["offered_window_seconds"] = round(len(names) / LATENCY_RATE, 1)
+    figures["offered_window_seconds"] = round(len(names) / rate, 1)
     figures["achieved_per_second"] = (
         round((len(done) - 1) / (done[-1] - done[0]), 2)
         if len(done) > 1 and done[-1] > done[0]
@@ -899,7 +899,7 @@ def scenario_latency(bench: Bench) -> dict[str, Any]:
     return {
         "parameters": {
             "claims": len(names),
-            "offered_per_second": LATENCY_RATE,
+            "offered_per_second": rate,
             "envelopes": len(envelopes),
             "max_active_claims": sizes.quota,
             "namespace": namespace,
@@ -912,7 +912,7 @@ def scenario_latency(bench: Bench) -> dict[str, Any]:
 def report_latency(bench: Bench, result: dict[str, Any]) -> None:
     f, s = result["figures"], "latency"
     lat = f["latency_ms"]
-    bench.row(s, "offered load", LATENCY_RATE, "claims/s")
+    bench.row(s, "offered load", result["parameters"]["offered_per_second"], "claims/s")
     bench.row(s, "achieved (first to last completion)", f["achieved_per_second"], "claims/s")
     bench.row(s, "arrival → Tentative p50", lat["arrival_to_tentative"].get("p50"), "ms")
     bench.row(
@@ -1608,6 +1608,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--hot-claims", type=int)
     parser.add_argument("--scale-claims", type=int)
     parser.add_argument("--latency-claims", type=int)
+    parser.add_argument("--latency-rate", type=float, help="claims/s offered (default 20)")
     parser.add_argument(
         "--summary-only",
         action="store_true",
@@ -1626,6 +1627,7 @@ def sizes_from(args: argparse.Namespace) -> Sizes:
         "hot_claims": args.hot_claims,
         "scale_claims": args.scale_claims,
         "latency_claims": args.latency_claims,
+        "latency_rate": args.latency_rate,
     }
     return replace(sizes, **{k: v for k, v in overrides.items() if v is not None})
 
