@@ -14,7 +14,7 @@ from lightkube import AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
-from reservoir import __version__
+from reservoir import __version__, kopf_readiness
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
@@ -145,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RESERVOIR_WATCHED_NAMESPACES"] = ",".join(args.namespace or [])
     os.environ["RESERVOIR_TRANSITION_EVENTS"] = args.transition_events
     import reservoir.handlers  # noqa: F401  (registers the handlers)
+
+    kopf_readiness.apply()  # start-up in O(objects), not O(objects²): see the module
 
     namespaces = args.namespace  # none given (or -A): the whole cluster
     kopf.run(
