@@ -1557,7 +1557,9 @@ def summary_table(rows: list[Row]) -> str:
     return "\n".join(out)
 
 
-def write_summary(bench: Bench, started: str, selected: list[str], wall: float) -> str:
+def write_summary(
+    bench: Bench, started: str, selected: list[str], wall: float, note: str = ""
+) -> str:
     table = summary_table(bench.rows)
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -1575,7 +1577,8 @@ def write_summary(bench: Bench, started: str, selected: list[str], wall: float) 
     )
     machine_line = ", ".join(f"{k} {v}" for k, v in bench.machine.items())
     (RESULTS / "summary.md").write_text(
-        f"# Reservoir benchmarks ({meta['mode']}, {started})\n\n{machine_line}\n\n{table}\n"
+        f"# Reservoir benchmarks ({meta['mode']}, {started})\n\n{machine_line}\n\n"
+        f"{note + chr(10) + chr(10) if note else ''}{table}\n"
     )
     return table
 
@@ -1652,6 +1655,7 @@ def summarize_saved(args: argparse.Namespace) -> int:
     after one scenario was run again on its own."""
     bench = Bench(None, sizes_from(args), args.full)  # type: ignore[arg-type]
     selected = []
+    measured: list[str] = []
     for scenario in SCENARIOS:
         path = RESULTS / f"{scenario}.json"
         if not path.exists():
@@ -1659,11 +1663,14 @@ def summarize_saved(args: argparse.Namespace) -> int:
         result = json.loads(path.read_text())
         bench.machine = bench.machine or result.get("machine", {})
         selected.append(scenario)
+        commit = result.get("machine", {}).get("git_commit", "?")
+        measured.append(f"{scenario} {commit} ({str(result.get('started', '?'))[:16]})")
         if "error" in result["figures"] and scenario != "kueue":
             bench.row(scenario, "error", result["figures"]["error"][:90])
         else:
             RUNNERS[scenario][1](bench, result)
-    print(write_summary(bench, now_iso(), selected, 0.0))
+    note = "Rebuilt from the saved results; each scenario as measured at: " + ", ".join(measured)
+    print(write_summary(bench, now_iso(), selected, 0.0, note))
     return 0
 
 
