@@ -848,7 +848,7 @@ class LedgerWriter:
             meta = claim["metadata"]
             uid = meta["uid"]
             # Parsed on each pass, not kept: about 25 µs a claim, where keeping the parsed
-            # statuses cost about 7 KB a claim (70 MB of the operator's memory at 10,000).
+            # statuses cost about 10 KB a claim (measured: 525 → 424 MiB at 10,000 claims).
             previous = read.claim_status(claim)
             entry = result.entry(uid)
             pending = result.pending.get(uid)
