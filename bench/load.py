@@ -75,9 +75,15 @@ class Seen:
     status: dict[str, float] = field(default_factory=dict)
 
     def first(self, phases: Iterable[str]) -> float | None:
+        seen = self.first_seen(phases)
+        return seen[0] if seen else None
+
+    def first_seen(self, phases: Iterable[str]) -> tuple[float, str] | None:
+        """(when, phase) of the earliest of `phases` seen, in the ledger or the status."""
         times = [
-            t for source in (self.ledger, self.status) for p, t in source.items() if p in phases
-        ]
+            (t, p) for source in (self.ledger, self.status) for p, t in source.items()
+            if p in phases
+        ]  # fmt: skip
         return min(times) if times else None
 
     def first_in_status(self, phases: Iterable[str]) -> float | None:
@@ -177,13 +183,8 @@ class Tracker:
     def settled_phase(self, uid: str) -> str | None:
         """The phase the claim was first seen settled in (ledger or status), if any."""
         seen = self.seen.get(uid)
-        if seen is None:
-            return None
-        times = [
-            (t, p) for source in (seen.ledger, seen.status) for p, t in source.items()
-            if p in SETTLED
-        ]  # fmt: skip
-        return min(times)[1] if times else None
+        first = seen.first_seen(SETTLED) if seen is not None else None
+        return first[1] if first else None
 
     async def reached(self, uid: str, phases: frozenset[str], within: float) -> float:
         """The time (monotonic) the claim was first seen in one of `phases`, waiting for it

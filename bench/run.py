@@ -651,6 +651,17 @@ def api_cost(
     }
 
 
+def writes_to(
+    by_verb_resource: dict[str, float], resource: str, verbs: tuple[str, ...] = WRITE_VERBS
+) -> float:
+    """Requests to `resource` by `verbs`, from a tally's "verb resource" counts."""
+    return sum(
+        v
+        for k, v in by_verb_resource.items()
+        if k.split()[0] in verbs and k.split()[-1] == resource
+    )
+
+
 def conflicts(tally: dict[str, Any]) -> int:
     """Writes refused because the object moved: 409s, and failed JSON-patch tests (422)."""
     return int(tally["conflicts_409"]) + int(tally.get("failed_tests_422", 0))
@@ -662,12 +673,7 @@ def claim_figures(run: ClaimRun, cost: dict[str, dict[str, Any]]) -> dict[str, A
     completed = len(run.completed)
     settled = len(run.samples) or 1
     operator = cost["operator"]
-    by = operator["by_verb_resource"]
-    envelope_writes = sum(
-        v
-        for k, v in by.items()
-        if k.split()[0] in WRITE_VERBS and k.endswith("reservationenvelopes/status")
-    )
+    envelope_writes = writes_to(operator["by_verb_resource"], "reservationenvelopes/status")
     errors = [s.error for s in run.samples if s.error]
     return {
         "claims": len(run.samples),
@@ -1006,18 +1012,12 @@ def raw_plan(operator_per_claim: dict[str, float]) -> load.RawPlan:
     """The raw baseline's writes per claim besides the SDK's: what the operator wrote per
     claim in the throughput run, by verb and resource (audit log)."""
 
-    def writes(resource: str, verbs: tuple[str, ...] = WRITE_VERBS) -> float:
-        return sum(
-            v
-            for k, v in operator_per_claim.items()
-            if k.split()[0] in verbs and k.split()[-1] == resource
-        )
-
+    by = operator_per_claim
     return load.RawPlan(
-        claim_status_writes=writes("branchclaims/status"),
-        claim_patches=writes("branchclaims"),
-        envelope_status_writes=writes("reservationenvelopes/status"),
-        events=writes("events", ("create",)),
+        claim_status_writes=writes_to(by, "branchclaims/status"),
+        claim_patches=writes_to(by, "branchclaims"),
+        envelope_status_writes=writes_to(by, "reservationenvelopes/status"),
+        events=writes_to(by, "events", ("create",)),
     )
 
 
@@ -1050,11 +1050,8 @@ def scenario_hot(bench: Bench) -> dict[str, Any]:
         operator.stop()
     cost = api_cost(bench, run.audit_span, namespace, len(run.samples))
     figures = claim_figures(run, cost)
-    by = cost["operator"]["by_verb_resource"]
-    figures["operator_envelope_status_writes"] = sum(
-        v
-        for k, v in by.items()
-        if k.split()[0] in WRITE_VERBS and k.endswith("reservationenvelopes/status")
+    figures["operator_envelope_status_writes"] = writes_to(
+        cost["operator"]["by_verb_resource"], "reservationenvelopes/status"
     )
     figures["operator_409s"] = cost["operator"]["conflicts_409"]
     figures["load_409s"] = cost["load"]["conflicts_409"]

@@ -17,35 +17,37 @@ that notify only when the set's state changes, which is exactly when a waiter's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import contextlib
+from collections.abc import AsyncIterator, Iterable
 
 from kopf._cogs.aiokits.aiotoggles import Toggle, ToggleSet
 
 
+@contextlib.asynccontextmanager
+async def _notifying_on_change(toggles: ToggleSet) -> AsyncIterator[None]:
+    """Under the set's lock: wake its waiters after the change only if its state moved."""
+    async with toggles._condition:
+        before = toggles.is_on()
+        yield
+        if toggles.is_on() != before:
+            toggles._condition.notify_all()
+
+
 async def _make_toggle(self: ToggleSet, __val: bool = False, *, name: str | None = None) -> Toggle:
     toggle = Toggle(__val, name=name, condition=self._condition)
-    async with self._condition:
-        before = self.is_on()
+    async with _notifying_on_change(self):
         self._toggles.add(toggle)
-        if self.is_on() != before:
-            self._condition.notify_all()
     return toggle
 
 
 async def _drop_toggle(self: ToggleSet, toggle: Toggle) -> None:
-    async with self._condition:
-        before = self.is_on()
+    async with _notifying_on_change(self):
         self._toggles.discard(toggle)
-        if self.is_on() != before:
-            self._condition.notify_all()
 
 
 async def _drop_toggles(self: ToggleSet, toggles: Iterable[Toggle]) -> None:
-    async with self._condition:
-        before = self.is_on()
+    async with _notifying_on_change(self):
         self._toggles.difference_update(toggles)
-        if self.is_on() != before:
-            self._condition.notify_all()
 
 
 def apply() -> None:
