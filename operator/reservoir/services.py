@@ -14,6 +14,8 @@ from reservoir.endpoints import Health
 from reservoir.k8s.devices import DeviceHolder
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.pool_writer import PoolWriter
+from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
+from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.resources import FIELD_MANAGER, ReservationEnvelope
 
 
@@ -34,7 +36,9 @@ class Services:
         client = AsyncClient(field_manager=FIELD_MANAGER)
         priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
         devices = DeviceHolder(client, priority_class)
-        writer = LedgerWriter(client, post_event, devices=devices)
+        # HTTP providers: the administrator's allow-list, caps and rates (the CLI's flags).
+        providers = ProviderClient(client, ProviderHttp(ProviderSettings.from_env()))
+        writer = LedgerWriter(client, post_event, devices=devices, providers=providers)
         writer.every_transition = os.environ.get("RESERVOIR_TRANSITION_EVENTS") == "all"
         watched = os.environ.get("RESERVOIR_WATCHED_NAMESPACES") or ""
         pools = PoolWriter(

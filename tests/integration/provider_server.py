@@ -11,13 +11,17 @@
 GET /operations/<id> answers the operation's script, one entry per GET, the last one
 repeating (an operation with no script: 404). POST /operations/<id>/cancel answers the
 operation's cancel answer (default 202). Every request is recorded (method, path,
-operation, Authorization header). It listens on 127.0.0.1 on a free port: the operator in
-the integration tests is a local process, so it reaches it there.
+operation, Authorization header). It listens on a free port of this machine's own address
+(`host_address()`, not loopback: the operator never calls loopback, whatever its
+allow-list says); the operator in the integration tests is a local process, so it reaches
+it there, once allowed (`--provider-allow` with that address). A server on 127.0.0.1
+(`host="127.0.0.1"`) is one the operator must never reach.
 """
 
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 import urllib.parse
@@ -28,6 +32,20 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Body = Mapping[str, Any] | str | bytes | None
+
+
+def host_address() -> str:
+    """This machine's IPv4 address on its default route (no packet is sent: a UDP socket's
+    connect only picks the route). Raises if the machine has none but loopback."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("203.0.113.1", 9))  # TEST-NET-3: any routed address will do
+        except OSError as error:
+            raise RuntimeError(f"no non-loopback address to serve the test provider on: {error}")
+        address = str(probe.getsockname()[0])
+    if address.startswith("127.") or address == "0.0.0.0":
+        raise RuntimeError(f"no non-loopback address to serve the test provider on ({address})")
+    return address
 
 
 @dataclass(frozen=True)
@@ -63,9 +81,11 @@ class Request:
 
 
 class ProviderServer:
-    def __init__(self, token: str | None = None) -> None:
-        """token: when set, a request without "Authorization: Bearer <token>" gets 401."""
+    def __init__(self, token: str | None = None, host: str | None = None) -> None:
+        """token: when set, a request without "Authorization: Bearer <token>" gets 401.
+        host: where to listen (default: host_address())."""
         self.token = token
+        self.host = host or host_address()
         self._lock = threading.Lock()
         self._scripts: dict[str, list[Answer]] = {}
         self._cancel: dict[str, Answer] = {}
@@ -129,7 +149,7 @@ class ProviderServer:
     def start(self) -> ProviderServer:
         if self._server is not None:
             return self
-        server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        server = ThreadingHTTPServer((self.host, 0), _handler(self))
         server.daemon_threads = True  # a slow answer never holds up stop()
         self._server = server
         self._thread = threading.Thread(
@@ -224,8 +244,8 @@ def _handler(provider: ProviderServer) -> type[BaseHTTPRequestHandler]:
 
 
 @contextmanager
-def provider_server(token: str | None = None) -> Iterator[ProviderServer]:
+def provider_server(token: str | None = None, host: str | None = None) -> Iterator[ProviderServer]:
     """A running provider server for the `with` block (a pytest fixture can yield from it)."""
-    server = ProviderServer(token)
+    server = ProviderServer(token, host)
     with server:
         yield server

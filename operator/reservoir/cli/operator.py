@@ -15,6 +15,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
 from reservoir import __version__, kopf_readiness
+from reservoir.k8s.provider_policy import AllowList
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
@@ -77,8 +78,65 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "transition: about four more API writes per claim). Every transition is recorded in "
         "the claim's status.history either way",
     )
+    providers = parser.add_argument_group(
+        "HTTP providers",
+        "which envelope provider URLs (policy.provider) the operator may call, and how often",
+    )
+    providers.add_argument(
+        "--provider-allow",
+        metavar="HOST_OR_CIDR",
+        action="append",
+        default=[],
+        help="a host name (inference.example.com), every name under a domain "
+        "(*.example.com), or an IP/CIDR for URLs whose host is an IP literal (repeatable, "
+        "or comma-separated). None: no HTTP provider is called. Loopback, link-local and "
+        "metadata addresses are refused whatever is allowed",
+    )
+    providers.add_argument(
+        "--provider-max-in-flight",
+        type=int,
+        default=32,
+        metavar="N",
+        help="HTTP provider calls in flight at once, all namespaces together",
+    )
+    providers.add_argument(
+        "--provider-max-in-flight-per-namespace",
+        type=int,
+        default=4,
+        metavar="N",
+        help="HTTP provider calls in flight at once for one namespace",
+    )
+    providers.add_argument(
+        "--provider-calls-per-second-per-namespace",
+        type=float,
+        default=2.0,
+        metavar="RATE",
+        help="HTTP provider calls a namespace may start per second, on average",
+    )
+    providers.add_argument(
+        "--provider-burst-per-namespace",
+        type=int,
+        default=10,
+        metavar="N",
+        help="HTTP provider calls a namespace may start at once after a quiet spell",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    try:
+        AllowList.parse(allowed_entries(args.provider_allow))
+    except ValueError as error:
+        parser.error(f"--provider-allow: {error}")
+    for name in ("max_in_flight", "max_in_flight_per_namespace", "burst_per_namespace"):
+        if getattr(args, f"provider_{name}") < 1:
+            parser.error(f"--provider-{name.replace('_', '-')} must be at least 1")
+    if not args.provider_calls_per_second_per_namespace > 0:
+        parser.error("--provider-calls-per-second-per-namespace must be positive")
+    return args
+
+
+def allowed_entries(flags: list[str]) -> list[str]:
+    """--provider-allow values, each maybe a comma-separated list."""
+    return [entry.strip() for flag in flags for entry in flag.split(",") if entry.strip()]
 
 
 def peering_priority(peering: str | None, priority: int | None) -> int:
@@ -130,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for chatty in ("httpx", "httpx2", "httpcore"):
+    for chatty in ("httpx", "httpx2", "httpcore", "aiohttp"):
         logging.getLogger(chatty).setLevel(logging.WARNING)
     if not args.verbose:
         # kopf logs every handler call that succeeded: a line per claim event under load.
@@ -144,6 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RESERVOIR_PROBE_NAMESPACE"] = args.namespace[0] if args.namespace else ""
     os.environ["RESERVOIR_WATCHED_NAMESPACES"] = ",".join(args.namespace or [])
     os.environ["RESERVOIR_TRANSITION_EVENTS"] = args.transition_events
+    os.environ["RESERVOIR_PROVIDER_ALLOW"] = ",".join(allowed_entries(args.provider_allow))
+    os.environ["RESERVOIR_PROVIDER_MAX_IN_FLIGHT"] = str(args.provider_max_in_flight)
+    os.environ["RESERVOIR_PROVIDER_MAX_IN_FLIGHT_PER_NAMESPACE"] = str(
+        args.provider_max_in_flight_per_namespace
+    )
+    os.environ["RESERVOIR_PROVIDER_CALLS_PER_SECOND_PER_NAMESPACE"] = str(
+        args.provider_calls_per_second_per_namespace
+    )
+    os.environ["RESERVOIR_PROVIDER_BURST_PER_NAMESPACE"] = str(args.provider_burst_per_namespace)
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
     kopf_readiness.apply()  # start-up in O(objects), not O(objects²): see the module

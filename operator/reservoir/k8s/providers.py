@@ -18,22 +18,24 @@ HTTP contract. GET statusURL ("{operationId}" replaced by the URL-escaped id, wi
 where state is one of Pending, Running, Succeeded, Failed, Cancelled, NeverStarted,
 Unknown, and usage and result are optional (read only for terminal states). 404 means the
 provider does not know the operation (Unknown). POST cancelURL (same substitution) asks
-for cancellation; any 2xx is "requested", never "confirmed".
+for cancellation; any 2xx is "requested", never "confirmed". The calls are made by
+provider_http (the administrator's allow-list, caps and rate per namespace, no cookies, no
+redirects); a call it does not make or that gets no answer is recorded only as "refused by
+policy" or "unreachable" (what exactly went wrong is in the operator's log).
 """
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import json
+import logging
 import re
 import urllib.parse
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-import httpx2
 from lightkube import ApiError, AsyncClient
 from lightkube.core.resource import NamespacedResourceG
 from lightkube.generic_resource import create_namespaced_resource
@@ -58,11 +60,25 @@ from reservoir.core.model import (
 )
 from reservoir.core.provider import Adapter, ProviderAnswer, adapter_for
 from reservoir.core.quantity import parse_quantity
+from reservoir.k8s.provider_http import (
+    AnswerTooLargeError,
+    BusyError,
+    ProviderHttp,
+    RateLimitedError,
+    RefusedByPolicyError,
+    UnreachableError,
+)
+
+log = logging.getLogger("reservoir.providers")
 
 USAGE_ANNOTATION = f"{API_GROUP}/usage"
 RESULT_ANNOTATION = f"{API_GROUP}/result"
-HTTP_TIMEOUT_SECONDS = 5.0  # for a whole lookup or cancel call, not per read
-MAX_ANSWER_BYTES = 64 * 1024
+# What the tenant sees of an HTTP call that was not made or got no answer: nothing more,
+# so that the error is no oracle of what listens where (details: the operator's log).
+REFUSED_BY_POLICY = "refused by policy"
+UNREACHABLE = "unreachable"
+BUSY = "not called: too many provider calls in flight"
+RATE_LIMITED = "not called: too many provider calls from this namespace lately"
 OPERATION_ID_PLACEHOLDER = "{operationId}"
 
 # The CRD's rule for resource names (reservoir.core.model.RESOURCE_NAME_RULE): a usage map
@@ -334,6 +350,21 @@ def _api_failure(what: str, error: ApiError) -> str:
     return f"{what}: HTTP {error.status.code} {error.status.reason or ''}".rstrip()
 
 
+def not_called(namespace: str, what: str, error: Exception) -> str:
+    """What the tenant sees of an HTTP call that was not made or got no answer; the
+    details go to the operator's log."""
+    if isinstance(error, RefusedByPolicyError):
+        log.warning("provider %s for namespace %s refused by policy: %s", what, namespace, error)
+        return REFUSED_BY_POLICY
+    if isinstance(error, BusyError):
+        return BUSY
+    if isinstance(error, RateLimitedError):
+        return RATE_LIMITED
+    detail = error if isinstance(error, UnreachableError) else f"{type(error).__name__}: {error}"
+    log.info("provider %s for namespace %s unreachable: %s", what, namespace, detail)
+    return UNREACHABLE
+
+
 class ProviderError(Exception):
     """A call to the provider could not be made (its reason, for the claim's record)."""
 
@@ -342,9 +373,9 @@ class ProviderClient:
     """Looks up (and forwards cancels to) claims' upstream operations. Never raises: every
     failure is an answer (or a text) saying what went wrong."""
 
-    def __init__(self, client: AsyncClient, http: httpx2.AsyncClient | None = None) -> None:
+    def __init__(self, client: AsyncClient, http: ProviderHttp | None = None) -> None:
         self.client = client
-        self.http = http if http is not None else httpx2.AsyncClient(timeout=HTTP_TIMEOUT_SECONDS)
+        self.http = http if http is not None else ProviderHttp()
 
     async def aclose(self) -> None:
         await self.http.aclose()
@@ -396,23 +427,12 @@ class ProviderClient:
         headers = await self._headers(namespace, endpoint)
         url = operation_url(endpoint.status_url, operation)
         try:
-            # One deadline for the whole exchange and a bound on the body: a provider that
-            # trickles or floods stalls nothing and fills no memory (found by review).
-            async with (
-                asyncio.timeout(HTTP_TIMEOUT_SECONDS),
-                self.http.stream("GET", url, headers=headers) as response,
-            ):
-                body = bytearray()
-                async for chunk in response.aiter_bytes():
-                    body += chunk
-                    if len(body) > MAX_ANSWER_BYTES:
-                        return failed(f"answer larger than {MAX_ANSWER_BYTES} bytes")
-                code = response.status_code
-        except TimeoutError:
-            return failed(f"provider unreachable: no answer within {HTTP_TIMEOUT_SECONDS:g} s")
-        except httpx2.HTTPError as error:
-            return failed(f"provider unreachable: {type(error).__name__}: {error}")
-        return http_answer(code, bytes(body), operation)
+            code, body = await self.http.get(namespace, url, headers)
+        except AnswerTooLargeError:
+            return failed(f"answer larger than {self.http.settings.max_answer_bytes} bytes")
+        except Exception as error:
+            return failed(not_called(namespace, "lookup", error))
+        return http_answer(code, body, operation)
 
     async def _headers(self, namespace: str, endpoint: ProviderEndpoint) -> dict[str, str]:
         """The Authorization header, with the token from the endpoint's Secret (if any)."""
@@ -471,18 +491,11 @@ class ProviderClient:
         if endpoint.cancel_url is None:
             return "not forwarded: the provider endpoint has no cancelURL"
         headers = await self._headers(namespace, endpoint)
+        url = operation_url(endpoint.cancel_url, operation)
         try:
-            async with (
-                asyncio.timeout(HTTP_TIMEOUT_SECONDS),
-                self.http.stream(
-                    "POST", operation_url(endpoint.cancel_url, operation), headers=headers
-                ) as response,
-            ):
-                code = response.status_code  # the body is not read: only the code counts
-        except TimeoutError:
-            return f"not forwarded: no answer within {HTTP_TIMEOUT_SECONDS:g} s"
-        except httpx2.HTTPError as error:
-            return f"not forwarded: provider unreachable: {type(error).__name__}: {error}"
+            code = await self.http.post(namespace, url, headers)
+        except Exception as error:
+            return f"not forwarded: {not_called(namespace, 'cancel', error)}"
         return f"{REQUESTED} (HTTP {code})" if 200 <= code < 300 else f"refused (HTTP {code})"
 
     async def _cancel_object(self, namespace: str, ref: ObjectRef, how: UpstreamCancel) -> str:
