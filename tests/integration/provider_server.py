@@ -41,7 +41,7 @@ def host_address() -> str:
         try:
             probe.connect(("203.0.113.1", 9))  # TEST-NET-3: any routed address will do
         except OSError as error:
-            raise RuntimeError(f"no non-loopback address to serve the test provider on: {error}")
+            raise RuntimeError(f"no non-loopback address for the test provider: {error}") from None
         address = str(probe.getsockname()[0])
     if address.startswith("127.") or address == "0.0.0.0":
         raise RuntimeError(f"no non-loopback address to serve the test provider on ({address})")

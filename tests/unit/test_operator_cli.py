@@ -40,6 +40,11 @@ def test_help_lists_every_flag_with_its_default() -> None:
         "--placeholder-priority-class": "reservoir-placeholder",
         "--all-namespaces": "False",
         "--transition-events": "settlements",
+        "--provider-allow": "[]",
+        "--provider-max-in-flight": "32",
+        "--provider-max-in-flight-per-namespace": "4",
+        "--provider-calls-per-second-per-namespace": "2.0",
+        "--provider-burst-per-namespace": "10",
     }.items():
         assert flag in text
         after = text[text.index(flag) :]
@@ -85,6 +90,28 @@ def test_without_usable_credentials_it_exits_at_once_with_one_line(
     assert len(lines) == 1, result.stderr
     assert lines[0].startswith("reservoir-operator: ") and expected in lines[0]
     assert str(path) in lines[0]
+
+
+def test_the_provider_allow_list_is_checked_at_start_and_reaches_the_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from reservoir.cli.operator import allowed_entries
+    from reservoir.k8s.provider_http import ProviderSettings
+
+    bad = run("--provider-allow", "10.0.0.0/33")
+    assert bad.returncode == 2 and "--provider-allow: '10.0.0.0/33' is not" in bad.stderr
+    assert run("--provider-max-in-flight", "0").returncode == 2
+    args = parse(["--provider-allow", "a.example, *.b.example", "--provider-allow", "10.1.0.0/16"])
+    entries = allowed_entries(args.provider_allow)
+    assert entries == ["a.example", "*.b.example", "10.1.0.0/16"]
+    monkeypatch.setenv("RESERVOIR_PROVIDER_ALLOW", ",".join(entries))
+    monkeypatch.setenv("RESERVOIR_PROVIDER_MAX_IN_FLIGHT_PER_NAMESPACE", "2")
+    settings = ProviderSettings.from_env()
+    assert settings.allow.allows_name("a.example") and settings.allow.allows_name("x.b.example")
+    assert not settings.allow.allows_name("b.example")
+    assert settings.max_in_flight_per_namespace == 2 and settings.max_in_flight == 32
+    monkeypatch.delenv("RESERVOIR_PROVIDER_ALLOW")
+    assert not ProviderSettings.from_env().allow, "no flag: no HTTP provider at all"
 
 
 def test_peering_replicas_get_distinct_random_priorities_unless_one_is_given() -> None:

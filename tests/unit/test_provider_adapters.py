@@ -24,6 +24,8 @@ from reservoir.core.model import (
     ProviderState,
     UpstreamCancel,
 )
+from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
+from reservoir.k8s.provider_policy import AllowList
 from reservoir.k8s.providers import (
     RESULT_ANNOTATION,
     USAGE_ANNOTATION,
@@ -37,8 +39,6 @@ from reservoir.k8s.providers import (
     pod_answer,
     resource_for,
 )
-from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
-from reservoir.k8s.provider_policy import AllowList
 from tests.integration.provider_server import Answer, answer, host_address, provider_server
 
 S = ProviderState

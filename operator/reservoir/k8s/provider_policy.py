@@ -173,3 +173,11 @@ def check_resolved(host: str, addresses: Iterable[str]) -> list[str]:
             raise RefusedByPolicyError(f"{host} resolves to {text}: never called")
         checked.append(text)
     return checked
+
+
+def check_template(template: str) -> None:
+    """A provider URL template ("{operationId}" substituted later) whose authority names no
+    placeholder: a claim's operation id must never pick the host or port called."""
+    authority = template.split("://", 1)[-1].split("/", 1)[0].split("?", 1)[0].split("#", 1)[0]
+    if "{" in authority or "}" in authority:
+        raise RefusedByPolicyError("a template in the URL's host or port")

@@ -68,6 +68,7 @@ from reservoir.k8s.provider_http import (
     RefusedByPolicyError,
     UnreachableError,
 )
+from reservoir.k8s.provider_policy import check_template
 
 log = logging.getLogger("reservoir.providers")
 
@@ -427,6 +428,7 @@ class ProviderClient:
         headers = await self._headers(namespace, endpoint)
         url = operation_url(endpoint.status_url, operation)
         try:
+            check_template(endpoint.status_url)
             code, body = await self.http.get(namespace, url, headers)
         except AnswerTooLargeError:
             return failed(f"answer larger than {self.http.settings.max_answer_bytes} bytes")
@@ -493,6 +495,7 @@ class ProviderClient:
         headers = await self._headers(namespace, endpoint)
         url = operation_url(endpoint.cancel_url, operation)
         try:
+            check_template(endpoint.cancel_url)
             code = await self.http.post(namespace, url, headers)
         except Exception as error:
             return f"not forwarded: {not_called(namespace, 'cancel', error)}"
