@@ -2,7 +2,8 @@
 plane: a Detached claim settled by its upstream Job (the local cluster runs the Job
 controller, and KWOK completes a Job's pods once their scheduling gate is lifted) or by
 any object with conditions, or by an HTTP provider (tests/integration/provider_server.py,
-which the operator, a local process here, reaches on 127.0.0.1); cancels forwarded and
+which the operator, a local process here allowed to call it, reaches on this machine's own
+address); cancels forwarded and
 recorded as requested; submissions that may be running; duplicate idempotency keys; the
 timeout-boundary races of client-disconnect.txt; a history that outlives operator restarts
 and Events; and retry windows."""
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,7 +34,12 @@ from tests.integration.helpers import (
     totals,
     wait_phase,
 )
-from tests.integration.provider_server import ProviderServer, answer, provider_server
+from tests.integration.provider_server import (
+    ProviderServer,
+    answer,
+    host_address,
+    provider_server,
+)
 from tests.integration.test_metrics import samples, scrape, value
 
 TOKEN = "s3cret-provider-token"
@@ -47,6 +54,17 @@ SHORT_LEASE = 2  # seconds: no test heartbeats, so a dispatched claim goes Detac
 def provider() -> Iterator[ProviderServer]:
     with provider_server(token=TOKEN) as server:
         yield server
+
+
+@pytest.fixture
+def start_operator(start_operator: StartOperator) -> StartOperator:
+    """Operators an administrator allowed to call the test provider, which serves on this
+    machine's own address (the operator never calls loopback, whatever it is allowed)."""
+
+    def start(*extra: str, kubeconfig: Path | None = None) -> OperatorProcess:
+        return start_operator("--provider-allow", host_address(), *extra, kubeconfig=kubeconfig)
+
+    return start
 
 
 def token_secret(cluster: ClusterHandle, ns: str, name: str = "provider-token") -> dict[str, str]:
