@@ -157,7 +157,7 @@ def check_url(allow: AllowList, url: str) -> Target:
             raise RefusedByPolicyError(f"{address} is loopback, link-local or metadata")
         if not allow.allows_address(address):
             raise RefusedByPolicyError(f"{address} is in no allowed CIDR")
-    elif not allow.allows_name(host):
+    elif not _NAME.fullmatch(host.rstrip(".")) or not allow.allows_name(host):
         raise RefusedByPolicyError(f"{host} is not an allowed host")
     default = 443 if parts.scheme == "https" else 80
     return Target(host=host, port=port or default, address=address)
