@@ -36,6 +36,7 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
     "placeholderPriorityClass.create": (True, False),
     "admissionPolicy.enabled": (True, False),
     "providers.secrets": ([], ["provider-token"]),
+    "providers.allowedHosts": ([], ["inference.example", "*.corp.example", "10.20.0.0/16"]),
 }
 MONITORING = {
     "metrics.serviceMonitor.enabled": True,
@@ -238,6 +239,14 @@ def test_the_schema_rejects_typos_and_wrong_types() -> None:
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"], "verbs": ["*"]}]},
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"], "verbs": ["bind"]}]},
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["x"]}]},
+        # The provider allow-list: host names, "*." wildcards, IPs and CIDRs only.
+        {"providers.allowedHosts": "inference.example"},
+        {"providers.allowedHosts": ["https://inference.example"]},
+        {"providers.allowedHosts": ["Inference_Example"]},
+        {"providers.allowedHosts": ["*"]},
+        {"providers.allowedHosts": ["inference.example:8080"]},
+        {"providers.maxInFlight": 0},
+        {"providers.callsPerSecondPerNamespace": 0},
     ):
         out = lint(values)
         assert "1 chart(s) failed" in out and "schema" in out, f"accepted {values}:\n{out}"
@@ -247,9 +256,53 @@ def test_the_schema_rejects_typos_and_wrong_types() -> None:
         {"serviceAccount.name": "ops.reservoir-sa"},
         {"peering.name": "a.b-c"},
         {"podLabels": {"team": "gpu", "app.kubernetes.io/component": "operator"}},
+        {"providers.allowedHosts": ["a.example", "*.b.example", "10.0.0.1", "fd00::/8"]},
+        {"providers.callsPerSecondPerNamespace": 0.5},
     ):
         out = lint(values)
         assert "0 chart(s) failed" in out, f"refused {values}:\n{out}"
+
+
+def test_the_provider_allow_list_reaches_the_operator_and_the_admission_policy() -> None:
+    def of(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+        return next(d for d in docs if d["kind"] == kind)
+
+    def variables(docs: list[dict[str, Any]]) -> dict[str, str]:
+        policy = next(
+            d
+            for d in docs
+            if d["kind"] == "ValidatingAdmissionPolicy"
+            and d["metadata"]["name"].endswith("-provider-urls")
+        )
+        return {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
+
+    default = render({})
+    args = of(default, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert not [a for a in args if a.startswith("--provider-allow")], "empty: none allowed"
+    assert "--provider-max-in-flight=32" in args
+    assert "--provider-calls-per-second-per-namespace=2" in args
+    empty = variables(default)
+    assert (empty["names"], empty["suffixes"], empty["cidrs"]) == ("[]", "[]", "[]")
+
+    hosts = ["inference.example", "*.corp.example", "10.20.0.0/16", "10.9.8.7", "fd00::1"]
+    docs = render({"providers.allowedHosts": hosts, "watchNamespaces": ["team-a"]})
+    args = of(docs, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert [a for a in args if a.startswith("--provider-allow")] == [
+        f"--provider-allow={h}" for h in hosts
+    ]
+    listed = variables(docs)
+    assert json.loads(listed["names"]) == ["inference.example"]
+    assert json.loads(listed["suffixes"]) == [".corp.example"]
+    assert json.loads(listed["cidrs"]) == ["10.20.0.0/16", "10.9.8.7/32", "fd00::1/128"]
+    binding = next(
+        d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+        and d["metadata"]["name"].endswith("-provider-urls")
+    )
+    selector = binding["spec"]["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+    assert selector["values"] == ["team-a"], "only the watched namespaces"
+    assert not [d for d in render({"admissionPolicy.enabled": False}) if "provider-urls" in str(d)]
 
 
 def test_the_chart_refuses_one_port_for_metrics_and_health() -> None:
