@@ -507,6 +507,8 @@ def test_install_upgrade_uninstall(
         ("clusterkopfpeering", full, None),
         ("validatingadmissionpolicy", f"{full}-branchclaims", None),
         ("validatingadmissionpolicybinding", f"{full}-branchclaims", None),
+        ("validatingadmissionpolicy", f"{full}-provider-urls", None),
+        ("validatingadmissionpolicybinding", f"{full}-provider-urls", None),
         ("crd", "reservationenvelopes.reservoir.dev", None),
         ("crd", "branchclaims.reservoir.dev", None),
         ("crd", "clusterkopfpeerings.kopf.dev", None),
@@ -522,7 +524,7 @@ def test_install_upgrade_uninstall(
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]
     cluster_scoped = cluster_scoped_of(cluster, name)
-    assert len(cluster_scoped) == 9, cluster_scoped  # the 9 cluster-scoped objects above
+    assert len(cluster_scoped) == 11, cluster_scoped  # the 11 cluster-scoped objects above
 
     # Upgrade: replicas, resources, and the operator limited to one namespace.
     helm(
