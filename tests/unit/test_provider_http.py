@@ -497,3 +497,20 @@ async def test_the_token_bucket_refills_at_its_rate() -> None:
     with pytest.raises(RateLimitedError):
         async with gate.call("a"):
             pass
+
+
+def test_the_socket_factory_refuses_loopback_whatever_resolved_it() -> None:
+    """The last line: the address about to be connected to is checked once more."""
+    from reservoir.k8s.provider_http import _checked_socket
+
+    for family, sockaddr in (
+        (socket.AF_INET, ("127.0.0.1", 80)),
+        (socket.AF_INET, ("169.254.169.254", 80)),
+        (socket.AF_INET6, ("::1", 80, 0, 0)),
+        (socket.AF_INET6, ("::ffff:127.0.0.1", 80, 0, 0)),
+        (socket.AF_INET6, ("fe80::1%eth0", 80, 0, 2)),
+    ):
+        with pytest.raises(OSError, match="refused to connect"):
+            _checked_socket((family, socket.SOCK_STREAM, 0, "", sockaddr))
+    sock = _checked_socket((socket.AF_INET, socket.SOCK_STREAM, 0, "", (HOST, 80)))
+    sock.close()
