@@ -34,6 +34,13 @@ from reservoir.core.quantity import (
     format_quantity,
     parse_quantity,
 )
+from reservoir.core.scheduling import (
+    MAX_NODE_SELECTOR_LABELS,
+    MAX_TOLERATIONS,
+    Affinity,
+    Toleration,
+    labels,
+)
 
 API_GROUP = "reservoir.dev"
 API_VERSION = "v1alpha1"
@@ -562,6 +569,7 @@ class ReservationEnvelopeSpec(Model):
         default=None,
         min_length=1,
         max_length=MAX_NAME_LENGTH,
+        pattern=OBJECT_NAME,
         description="A ReservationEnvelope (same namespace) this envelope draws its capacity "
         "from: the parent admits it like a claim (it waits Pending until the parent has "
         "room), and when it closes its committed total stays committed in the parent and "
@@ -1105,31 +1113,23 @@ class Placement(Model):
             "maxProperties": 8,
             "x-kubernetes-validations": [
                 {
-                    "rule": f"self.all(k, k.matches('{DEVICE_ATTRIBUTE_NAME}'))",
+                    "rule": f"self.all(k, size(k) <= 32 && k.matches('{DEVICE_ATTRIBUTE_NAME}'))",
                     "message": "device attribute names are identifiers of at most 32 characters",
                 }
             ],
         },
     )
 
-    node_selector: dict[str, Annotated[str, Field(max_length=MAX_NAME_LENGTH)]] = Field(
-        default_factory=dict,
-        description="Node labels the reservation must land on.",
-        json_schema_extra={"maxProperties": 32},
+    node_selector: dict[str, str] = labels(
+        "Node labels the reservation must land on (core/v1 nodeSelector).",
+        MAX_NODE_SELECTOR_LABELS,
     )
-    tolerations: list[dict[str, Any]] = Field(
+    tolerations: list[Toleration] = Field(
         default_factory=list,
+        max_length=MAX_TOLERATIONS,
         description="Pod tolerations (core/v1 Toleration).",
-        json_schema_extra={
-            "maxItems": 32,
-            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-        },
     )
-    affinity: dict[str, Any] | None = Field(
-        default=None,
-        description="Pod affinity (core/v1 Affinity).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
+    affinity: Affinity | None = Field(default=None, description="Pod affinity (core/v1 Affinity).")
 
 
 def immutable(what: str) -> JsonDict:
@@ -1241,6 +1241,7 @@ class BranchClaimSpec(Model):
     envelope: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
+        pattern=OBJECT_NAME,
         description="The ReservationEnvelope (same namespace) this claim draws from.",
         json_schema_extra=immutable("envelope is immutable after creation"),
     )

@@ -575,7 +575,7 @@ def _gone(uid: str, entry: LedgerEntry, envelope: EnvelopeFacts) -> ClaimFacts:
     # A Tentative claim that vanished may have been dispatched after the operator last
     # looked: it is held like a dispatched one, never released on a guess.
     spec = BranchClaimSpec(
-        envelope="-",
+        envelope="gone",  # a stand-in: the object (and its spec) is gone
         attempt=entry.attempt,
         requests=entry.reserved,
         dispatch=True,
