@@ -55,6 +55,9 @@ MAX_NAME_LENGTH = 253
 MAX_CONDITIONS = 16
 MAX_SECONDS = 366 * 24 * 3600
 SUMMARY_LENGTH = 1024  # one printer-column rendering of the totals
+# Texts the operator generates (reservoir.core.text bounds them where they are made).
+MESSAGE_LENGTH = 1024  # a condition's message, a queue reason
+REASON_LENGTH = 64  # a condition's reason, a settlement's: one CamelCase word
 # Resources held on real devices through Dynamic Resource Allocation (DESIGN.md §7), and
 # the DeviceClass their devices come from. A claim's request for one is a device count.
 DEVICE_CLASSES = {"nvidia.com/gpu": "gpu.reservoir.dev"}
@@ -595,8 +598,10 @@ class Condition(Model):
         description="True, False or Unknown.",
         json_schema_extra={"enum": ["True", "False", "Unknown"]},
     )
-    reason: str = Field(max_length=64, description="One CamelCase word: why.")
-    message: str = Field(default="", max_length=1024, description="Human-readable detail.")
+    reason: str = Field(max_length=REASON_LENGTH, description="One CamelCase word: why.")
+    message: str = Field(
+        default="", max_length=MESSAGE_LENGTH, description="Human-readable detail."
+    )
     last_transition_time: datetime = Field(description="When the status last changed.")
     observed_generation: int | None = Field(
         default=None, description="The spec generation this condition was computed from."
@@ -956,7 +961,7 @@ class ReservationEnvelopeStatus(Model):
         description="Where the capacity comes from: set when the envelope opens.",
     )
     queue_reason: str | None = Field(
-        default=None, max_length=1024, description="Why the envelope is still Pending."
+        default=None, max_length=MESSAGE_LENGTH, description="Why the envelope is still Pending."
     )
     closed_by_parent: bool = Field(
         default=False,
@@ -1404,7 +1409,7 @@ class BranchClaimStatus(Model):
         default=None, description="What this failed attempt keeps for the next attempt."
     )
     queue_reason: str | None = Field(
-        default=None, max_length=1024, description="Why the claim is still Pending."
+        default=None, max_length=MESSAGE_LENGTH, description="Why the claim is still Pending."
     )
     conditions: list[Condition] = Field(
         default_factory=list,
