@@ -307,9 +307,6 @@ def peering_crds() -> list[dict[str, Any]]:
     status = {
         "type": "object",
         "maxProperties": MAX_PEERS,
-        "x-kubernetes-validations": [
-            {"rule": "self.all(k, size(k) <= 253)", "message": "peer identities are short"}
-        ],
         "additionalProperties": {
             "type": "object",
             "properties": {
