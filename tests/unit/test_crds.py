@@ -146,6 +146,7 @@ def worst_case_bytes(node: dict[str, Any], path: str = "") -> int:
     if kind == "array":
         return 2 + node["maxItems"] * (worst_case_bytes(node["items"], path) + 1)
     assert kind == "object", path
+    assert "properties" in node or "additionalProperties" in node, f"{path}: schemaless"
     total = 2
     for name, child in node.get("properties", {}).items():
         total += len(name) + 4 + worst_case_bytes(child, f"{path}.{name}")
