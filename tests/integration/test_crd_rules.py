@@ -584,6 +584,11 @@ STATELESS_EXAMPLES = [
         "device attribute names are identifiers",
         {"placement": {"deviceAttributes": {"product-name": "x"}}},
     ),
+    (
+        "BranchClaim",
+        "label keys look like",
+        {"placement": {"nodeSelector": {"bad key!": "x"}}},
+    ),
     ("ReservationEnvelope", "resource names look like", {"capacity": {"tok ens!": "1"}}),
     ("ReservationEnvelope", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
     (

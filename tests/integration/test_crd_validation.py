@@ -267,3 +267,151 @@ def test_kubectl_explain_teaches_the_api(cluster: ClusterHandle, crds: None) -> 
     assert "commit point" in text and "never goes back to false" in text
     text = explain("reservationenvelope.status.totals")
     assert "committed + reserved + reconciling + available == capacity" in text
+
+
+# --- a hostile tenant's objects (issue 21) ---------------------------------------------
+
+FULL_SELECTOR = {
+    "matchLabels": {"app.example.com/role": "trainer"},
+    "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu", "gpu-spot"]}],
+}
+FULL_POD_TERM = {
+    "labelSelector": FULL_SELECTOR,
+    "namespaceSelector": {"matchExpressions": [{"key": "team", "operator": "Exists"}]},
+    "namespaces": ["team-a"],
+    "topologyKey": "kubernetes.io/hostname",
+    "matchLabelKeys": ["pod-template-hash"],
+    "mismatchLabelKeys": ["tenant"],
+}
+FULL_NODE_TERM = {
+    "matchExpressions": [
+        {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["H100"]},
+        {"key": "nvidia.com/gpu.count", "operator": "Gt", "values": ["3"]},
+    ],
+    "matchFields": [{"key": "metadata.name", "operator": "NotIn", "values": ["node-7"]}],
+}
+# Every field of core/v1 Affinity and Toleration, set.
+FULL_PLACEMENT = {
+    "nodeSelector": {"kubernetes.io/arch": "amd64", "node.example.com/pool": "gpu"},
+    "tolerations": [
+        {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+        {
+            "key": "example.com/spot",
+            "operator": "Equal",
+            "value": "true",
+            "effect": "NoExecute",
+            "tolerationSeconds": 300,
+        },
+        {"operator": "Exists"},
+    ],
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [FULL_NODE_TERM]
+            },
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 50, "preference": FULL_NODE_TERM}
+            ],
+        },
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [FULL_POD_TERM],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 10, "podAffinityTerm": FULL_POD_TERM}
+            ],
+        },
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [FULL_POD_TERM],
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {"weight": 100, "podAffinityTerm": FULL_POD_TERM}
+            ],
+        },
+    },
+}
+
+
+def test_a_full_core_v1_affinity_and_tolerations_are_accepted_as_written(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    """Typed as core/v1 types them: every field kept, and the pod the operator would make
+    from them is one the API server accepts too."""
+    create(cluster, ns, claim(placement=FULL_PLACEMENT))
+    stored = json.loads(cluster.kubectl("get", "bclaim", "a", "-n", ns, "-o", "json"))
+    assert stored["spec"]["placement"] == FULL_PLACEMENT
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "placeholder"},
+        "spec": {"containers": [{"name": "hold", "image": "pause"}], **FULL_PLACEMENT},
+    }
+    cluster.kubectl("create", "--dry-run=server", "-n", ns, "-f", "-", input=json.dumps(pod))
+
+
+def nested(obj: dict[str, Any], depth: int) -> str:
+    """`obj` as JSON with each "DEEP" value nested `depth` levels deep (written as text:
+    Python's own encoder stops at about a thousand levels)."""
+    return json.dumps(obj).replace('"DEEP"', '{"x": ' * depth + "{}" + "}" * depth)
+
+
+def create_text(cluster: ClusterHandle, ns: str, text: str, *flags: str) -> None:
+    try:
+        cluster.kubectl("create", *flags, "-n", ns, "-f", "-", input=text)
+    except RuntimeError as error:
+        raise RejectedError(str(error)) from None
+
+
+def test_a_claim_nesting_2000_levels_deep_is_refused_and_never_stored(
+    cluster: ClusterHandle, ns: str
+) -> None:
+    """Issue 21: a 2,000-deep affinity was stored, and the operator's cluster-wide watch of
+    claims died decoding it. Refused at `kubectl apply`; written without field validation,
+    the unknown nesting is pruned: the stored object is as shallow as the schema."""
+    deep = nested(claim(placement={"affinity": {"nodeAffinity": "DEEP"}}), 2000)
+    with pytest.raises(RejectedError, match=r'unknown field "spec\.placement\.affinity\.node'):
+        create_text(cluster, ns, deep)
+    deep_tolerations = nested(claim(placement={"tolerations": ["DEEP"]}), 2000)
+    with pytest.raises(RejectedError, match="unknown field"):
+        create_text(cluster, ns, deep_tolerations)
+    create_text(cluster, ns, deep, "--validate=false")
+    stored = json.loads(cluster.kubectl("get", "bclaim", "a", "-n", ns, "-o", "json"))
+    assert stored["spec"]["placement"] == {"affinity": {"nodeAffinity": {}}}
+
+
+def test_a_megabyte_claim_is_refused(cluster: ClusterHandle, ns: str) -> None:
+    """Every list, map and string is bounded: no spec reaches a megabyte (at most 175,636
+    bytes, reservoir.core.scheduling), however it is filled."""
+    term = {
+        "matchExpressions": [
+            {"key": f"k{i}", "operator": "In", "values": ["v" * 63] * 8} for i in range(4)
+        ]
+    }
+    wide = {"nodeSelectorTerms": [term] * 450}  # over a megabyte of valid terms
+    big = claim(
+        placement={
+            "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": wide}}
+        }
+    )
+    assert len(json.dumps(big)) > 1_000_000
+    with pytest.raises(RejectedError, match="must have at most 4 items"):
+        create(cluster, ns, big)
+    with pytest.raises(RejectedError, match="may not be more than 253"):
+        create(cluster, ns, claim(branch="b" * 1_000_000))
+    labels = {f"example.com/k{i}": "v" * 63 for i in range(12_000)}
+    with pytest.raises(RejectedError, match="must have at most 16 items"):
+        create(cluster, ns, claim(placement={"nodeSelector": labels}))
+    with pytest.raises(RejectedError, match="label keys look like"):
+        create(cluster, ns, claim(placement={"nodeSelector": {"k" * 1_000_000: "v"}}))
+
+
+HOSTILE_NAMES = ["../../tenant-b/reservationenvelopes/wf", "..", "wf/status", "WF", "wf%2F.."]
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES)
+def test_a_name_that_could_steer_a_url_is_refused(
+    cluster: ClusterHandle, ns: str, name: str
+) -> None:
+    """spec.envelope and spec.parent are object names (RFC 1123 subdomains), as every
+    field holding a name is: `../../tenant-b/...` read another namespace's envelope."""
+    with pytest.raises(RejectedError, match=r"spec\.envelope in body should match"):
+        create(cluster, ns, claim(envelope=name))
+    with pytest.raises(RejectedError, match=r"spec\.parent in body should match"):
+        create(cluster, ns, envelope(parent=name))

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from reservoir import crdgen
+from reservoir.core import scheduling
 from reservoir.core.model import (
     API_VERSION_PATTERN,
     DEVICE_ATTRIBUTE_VALUE,
@@ -19,6 +23,13 @@ from reservoir.core.model import (
     SECRET_KEY,
 )
 from reservoir.core.quantity import MAX_QUANTITY, QUANTITY_PATTERN, parse_quantity
+from reservoir.core.scheduling import (
+    LABEL_KEY,
+    LABEL_VALUE,
+    NODE_NAME,
+    SCHEDULING_WORST_CASE_BYTES,
+    SPEC_WORST_CASE_BYTES,
+)
 
 CRDS = Path(__file__).resolve().parents[2] / "crds"
 
@@ -47,17 +58,127 @@ def test_every_field_has_a_description_so_kubectl_explain_teaches_it() -> None:
                 assert field.get("description"), f"{path}.{name} has no description"
 
 
+def all_schemas() -> list[tuple[str, dict[str, Any]]]:
+    """The openAPIV3Schema of every CRD crdgen writes (kopf's peering CRDs included)."""
+    found = []
+    for manifest in crdgen.manifests().values():
+        for doc in manifest if isinstance(manifest, list) else [manifest]:
+            if doc.get("kind") == "CustomResourceDefinition":
+                for version in doc["spec"]["versions"]:
+                    found.append((doc["metadata"]["name"], version["schema"]["openAPIV3Schema"]))
+    assert len(found) == 5, "three kinds and kopf's two peering kinds"
+    return found
+
+
+KEY_BOUND = re.compile(r"self\.all\(k, size\(k\) <= (\d+)")
+
+
+def map_key_bound(node: dict[str, Any]) -> int | None:
+    """The longest key a map may have, from its CEL rule `self.all(k, size(k) <= N ...)`:
+    a structural schema has no maxLength for keys."""
+    bounds = [
+        int(found.group(1))
+        for rule in node.get("x-kubernetes-validations", [])
+        if (found := KEY_BOUND.match(rule["rule"]))
+    ]
+    return min(bounds) if bounds else None
+
+
 def test_schemas_are_structural_and_bounded() -> None:
-    for manifest in crdgen.crds().values():
-        schema = manifest["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]
-        for path, node in walk(schema["spec"], ".spec") + walk(schema["status"], ".status"):
+    """Issue 21: a claim whose schemaless affinity nested 2,000 levels deep was stored and
+    killed the operator's watch. Every field of every CRD is typed (no
+    preserve-unknown-fields), every list has maxItems, every map maxProperties, every string
+    a maxLength or an enum, and every map a user writes a CEL bound on its keys."""
+    for kind, schema in all_schemas():
+        assert "x-kubernetes-preserve-unknown-fields" not in str(schema), kind
+        for path, node, _, _ in schema_nodes(schema):
             assert "$ref" not in node and "anyOf" not in node and "title" not in node, path
-            if node.get("type") == "object" and "additionalProperties" in node:
-                assert "maxProperties" in node, f"{path}: unbounded map"
-            if node.get("type") == "array":
-                assert "maxItems" in node, f"{path}: unbounded list"
-            if node.get("type") == "string" and "enum" not in node and "format" not in node:
-                assert "maxLength" in node, f"{path}: unbounded string"
+            where = f"{kind} {path}"
+            kind_of = node.get("type")
+            assert kind_of in ("object", "array", "string", "integer", "boolean"), where
+            if kind_of == "object" and path != ".metadata":  # the API server bounds metadata
+                assert "properties" in node or "additionalProperties" in node, f"{where}: untyped"
+            if "additionalProperties" in node:
+                assert isinstance(node["additionalProperties"], dict), where
+                assert "maxProperties" in node, f"{where}: unbounded map"
+                if not path.startswith(".status"):  # keys the operator writes: names, UIDs
+                    assert map_key_bound(node), f"{where}: unbounded map keys"
+            if kind_of == "array":
+                assert "maxItems" in node, f"{where}: unbounded list"
+            if (
+                kind_of == "string"
+                and "enum" not in node
+                and path
+                not in (
+                    ".apiVersion",
+                    ".kind",
+                )
+            ):
+                assert "maxLength" in node, f"{where}: unbounded string"
+
+
+def test_crdgen_refuses_a_schemaless_field() -> None:
+    with pytest.raises(ValueError, match="preserve-unknown-fields"):
+        crdgen._clean({"type": "object", "x-kubernetes-preserve-unknown-fields": True}, {})
+
+
+# Keys of the maps the operator records (ledger entries by UID, counts by phase, resource
+# names): at most 63 characters, written only from names and UIDs the API server checked.
+STATUS_KEY_LENGTH = 64
+
+
+def worst_case_bytes(node: dict[str, Any], path: str = "") -> int:
+    """The most bytes the JSON of a value of this schema can take: every list and map full,
+    every string at its maxLength, a patterned string's characters one byte each (two where
+    its pattern allows `"` or `\\`), any other character as a 6-byte escape. An
+    over-estimate."""
+    if "enum" in node:
+        return max(len(json.dumps(value)) for value in node["enum"])
+    kind = node.get("type")
+    if kind == "string":
+        pattern = node.get("pattern")
+        per_char = 6 if pattern is None else 2 if "\\x21" in pattern or "[^" in pattern else 1
+        return 2 + per_char * node["maxLength"]
+    if kind == "integer":
+        return 20
+    if kind == "boolean":
+        return 5
+    if kind == "array":
+        return 2 + node["maxItems"] * (worst_case_bytes(node["items"], path) + 1)
+    assert kind == "object", path
+    assert "properties" in node or "additionalProperties" in node, f"{path}: schemaless"
+    total = 2
+    for name, child in node.get("properties", {}).items():
+        total += len(name) + 4 + worst_case_bytes(child, f"{path}.{name}")
+    if "additionalProperties" in node:
+        key = map_key_bound(node) or STATUS_KEY_LENGTH
+        value = worst_case_bytes(node["additionalProperties"], f"{path}.*")
+        total += node["maxProperties"] * (key + 4 + value)  # a key's characters are ASCII
+    return total
+
+
+def test_the_worst_case_spec_is_far_below_a_megabyte() -> None:
+    """A claim or an envelope at every bound of its spec stays small: what a tenant writes
+    costs the operator's memory and watches a bounded amount, and a megabyte spec is
+    refused by the schema (tests/integration/test_crd_validation.py shows it live). The
+    figures are stated in reservoir.core.scheduling and reservoir.core.model."""
+    sizes = {}
+    for kind, schema in all_schemas():
+        if "spec" in schema["properties"]:
+            sizes[kind] = worst_case_bytes(schema["properties"]["spec"], ".spec")
+    claim = crdgen.claim_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    placement = claim["properties"]["spec"]["properties"]["placement"]
+    assert worst_case_bytes(placement) <= SCHEDULING_WORST_CASE_BYTES
+    assert sizes["branchclaims.reservoir.dev"] <= SPEC_WORST_CASE_BYTES, sizes
+    assert sizes["reservationenvelopes.reservoir.dev"] <= SPEC_WORST_CASE_BYTES, sizes
+    assert sizes["reservationpools.reservoir.dev"] <= SPEC_WORST_CASE_BYTES, sizes
+
+
+def test_every_status_has_a_finite_worst_case() -> None:
+    """Status too is typed and bounded (the operator's ledger byte budget keeps it far
+    below the bound: reservoir.core.ledgersize)."""
+    for kind, schema in all_schemas():
+        assert worst_case_bytes(schema["properties"]["status"], ".status") > 0, kind
 
 
 def checked_in_schemas() -> list[tuple[str, dict[str, Any]]]:
@@ -98,7 +219,11 @@ OTHER_GRAMMARS = {
     "tokenSecret.name": OBJECT_NAME,
     "tokenSecret.key": SECRET_KEY,
     "upstream.ref.kind": KIND_NAME,
+    ".spec.envelope": OBJECT_NAME,
+    ".spec.parent": OBJECT_NAME,
 }
+# The core/v1 scheduling types of a claim's placement hints (reservoir.core.scheduling).
+SCHEDULING_GRAMMARS = {LABEL_KEY, LABEL_VALUE, scheduling.NAMESPACE_NAME, NODE_NAME}
 
 
 def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> None:
@@ -112,6 +237,9 @@ def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> N
     for kind, schema in checked_in_schemas():
         for path, node, parent, name in schema_nodes(schema):
             if "pattern" not in node:
+                continue
+            if path.startswith(".spec.placement.") and "deviceAttributes" not in path:
+                assert node["pattern"] in SCHEDULING_GRAMMARS, f"{kind} {path}"
                 continue
             if path.endswith("deviceAttributes.*"):  # another grammar: attribute values
                 assert node["pattern"] == DEVICE_ATTRIBUTE_VALUE

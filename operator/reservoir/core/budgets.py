@@ -36,6 +36,7 @@ from reservoir.core.model import (
     ParentRecord,
 )
 from reservoir.core.policy import Admission, QueueKey
+from reservoir.core.text import names
 
 
 @dataclass(frozen=True)
@@ -176,11 +177,6 @@ def drawn_part(
     return dict(capacity)
 
 
-def _names(names: list[str], shown: int = 4) -> str:
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more
-
-
 def child_problem(
     capacity: Mapping[str, Decimal], parent_capacity: Mapping[str, Decimal], parent_depth: int
 ) -> str | None:
@@ -188,10 +184,10 @@ def child_problem(
     parent), or None."""
     unknown = sorted(set(capacity) - set(parent_capacity))
     if unknown:
-        return f"its parent has no budget for {_names(unknown)}"
+        return f"its parent has no budget for {names(unknown)}"
     too_big = sorted(k for k, v in capacity.items() if v > parent_capacity[k])
     if too_big:
-        return f"it asks for more than its parent's whole capacity of {_names(too_big)}"
+        return f"it asks for more than its parent's whole capacity of {names(too_big)}"
     if parent_depth + 1 > MAX_DEPTH:
         return f"budgets nest at most {MAX_DEPTH} envelopes deep"
     return None
@@ -239,7 +235,7 @@ def admit_child(
     if not fits(wanted, available):
         short = sorted(k for k, v in wanted.items() if v > available.get(k, ZERO))
         ledger.pending[child.uid] = Admission(
-            False, "InsufficientCapacity", f"not enough available {_names(short)}"
+            False, "InsufficientCapacity", f"not enough available {names(short)}"
         )
         return child.name
     available.update(subtract(available, wanted))

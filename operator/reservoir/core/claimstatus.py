@@ -21,6 +21,7 @@ from reservoir.core.model import (
     PlacementStatus,
 )
 from reservoir.core.policy import Admission
+from reservoir.core.text import MESSAGE_LENGTH, bounded
 
 
 def claim_status(
@@ -47,7 +48,7 @@ def claim_status(
         message = pending.message if pending else "waiting for the operator"
         return BranchClaimStatus(
             phase=ClaimPhase.PENDING,
-            queue_reason=f"{reason}: {message}",
+            queue_reason=bounded(f"{reason}: {message}", MESSAGE_LENGTH),
             conditions=merge_conditions(
                 previous.conditions,
                 [

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from reservoir.core.model import Condition
+from reservoir.core.text import MESSAGE_LENGTH, REASON_LENGTH, bounded
 
 
 @dataclass(frozen=True)
@@ -30,8 +31,8 @@ def merge_conditions(
             Condition(
                 type=want.type,
                 status=status,
-                reason=want.reason,
-                message=want.message,
+                reason=bounded(want.reason, REASON_LENGTH),
+                message=bounded(want.message, MESSAGE_LENGTH),
                 last_transition_time=now
                 if changed or before is None
                 else before.last_transition_time,

@@ -25,6 +25,7 @@ from reservoir.core.model import (
     ResourceTotals,
 )
 from reservoir.core.quantity import format_quantity
+from reservoir.core.text import bounded
 
 ZERO = Decimal(0)
 Resources = dict[str, Decimal]
@@ -150,5 +151,4 @@ def render(resources: Mapping[str, Decimal]) -> str:
 def one_line(resources: Mapping[str, Decimal]) -> str:
     """Totals for printer columns, cut to the summary field's bound: 16 long resource names
     at 1E each do not fit in one column, and the totals hold the exact figures anyway."""
-    text = render(resources)
-    return text if len(text) <= SUMMARY_LENGTH else text[: SUMMARY_LENGTH - 1] + "…"
+    return bounded(render(resources), SUMMARY_LENGTH)

@@ -71,6 +71,7 @@ from reservoir.core.provider import (
     needs_lookup,
     next_lookup,
 )
+from reservoir.core.text import EVENT_MESSAGE_LENGTH, bounded
 
 SETTLEMENT_VERSION = 1
 
@@ -126,6 +127,11 @@ class LedgerEvent:
     message: str
     warning: bool = False
     phase: ClaimPhase | None = None  # set when the event is a phase transition
+
+    def __post_init__(self) -> None:
+        # Messages carry names, resource maps and a person's annotation text: bounded here,
+        # where every ledger event is made.
+        object.__setattr__(self, "message", bounded(self.message, EVENT_MESSAGE_LENGTH))
 
 
 @dataclass

@@ -34,13 +34,23 @@ from reservoir.core.quantity import (
     format_quantity,
     parse_quantity,
 )
+from reservoir.core.scheduling import (
+    MAX_NODE_SELECTOR_LABELS,
+    MAX_TOLERATIONS,
+    Affinity,
+    Toleration,
+    labels,
+)
 
 API_GROUP = "reservoir.dev"
 API_VERSION = "v1alpha1"
 
 # Bounds keep every object small enough for etcd and cheap for the API server's CEL cost
 # budget. A full ledger at MAX_LEDGER_ENTRIES stays far below etcd's ~1.5 MiB object cap
-# (measured by tests/unit/test_ledger_size.py).
+# (measured by tests/unit/test_ledger_size.py). Every list, map and string of every spec
+# and status is bounded (no schemaless field): a spec at every bound is at most
+# SPEC_WORST_CASE_BYTES, 180,000 (a claim's, with its placement hints: 175,636), computed
+# from the generated schema by tests/unit/test_crds.py.
 MAX_RESOURCES = 16
 MAX_LEDGER_ENTRIES = 512
 MAX_ACTIVE_CLAIMS_LIMIT = 256
@@ -48,6 +58,9 @@ MAX_NAME_LENGTH = 253
 MAX_CONDITIONS = 16
 MAX_SECONDS = 366 * 24 * 3600
 SUMMARY_LENGTH = 1024  # one printer-column rendering of the totals
+# Texts the operator generates (reservoir.core.text bounds them where they are made).
+MESSAGE_LENGTH = 1024  # a condition's message, a queue reason
+REASON_LENGTH = 64  # a condition's reason, a settlement's: one CamelCase word
 # Resources held on real devices through Dynamic Resource Allocation (DESIGN.md §7), and
 # the DeviceClass their devices come from. A claim's request for one is a device count.
 DEVICE_CLASSES = {"nvidia.com/gpu": "gpu.reservoir.dev"}
@@ -562,6 +575,7 @@ class ReservationEnvelopeSpec(Model):
         default=None,
         min_length=1,
         max_length=MAX_NAME_LENGTH,
+        pattern=OBJECT_NAME,
         description="A ReservationEnvelope (same namespace) this envelope draws its capacity "
         "from: the parent admits it like a claim (it waits Pending until the parent has "
         "room), and when it closes its committed total stays committed in the parent and "
@@ -587,8 +601,10 @@ class Condition(Model):
         description="True, False or Unknown.",
         json_schema_extra={"enum": ["True", "False", "Unknown"]},
     )
-    reason: str = Field(max_length=64, description="One CamelCase word: why.")
-    message: str = Field(default="", max_length=1024, description="Human-readable detail.")
+    reason: str = Field(max_length=REASON_LENGTH, description="One CamelCase word: why.")
+    message: str = Field(
+        default="", max_length=MESSAGE_LENGTH, description="Human-readable detail."
+    )
     last_transition_time: datetime = Field(description="When the status last changed.")
     observed_generation: int | None = Field(
         default=None, description="The spec generation this condition was computed from."
@@ -948,7 +964,7 @@ class ReservationEnvelopeStatus(Model):
         description="Where the capacity comes from: set when the envelope opens.",
     )
     queue_reason: str | None = Field(
-        default=None, max_length=1024, description="Why the envelope is still Pending."
+        default=None, max_length=MESSAGE_LENGTH, description="Why the envelope is still Pending."
     )
     closed_by_parent: bool = Field(
         default=False,
@@ -1105,31 +1121,23 @@ class Placement(Model):
             "maxProperties": 8,
             "x-kubernetes-validations": [
                 {
-                    "rule": f"self.all(k, k.matches('{DEVICE_ATTRIBUTE_NAME}'))",
+                    "rule": f"self.all(k, size(k) <= 32 && k.matches('{DEVICE_ATTRIBUTE_NAME}'))",
                     "message": "device attribute names are identifiers of at most 32 characters",
                 }
             ],
         },
     )
 
-    node_selector: dict[str, Annotated[str, Field(max_length=MAX_NAME_LENGTH)]] = Field(
-        default_factory=dict,
-        description="Node labels the reservation must land on.",
-        json_schema_extra={"maxProperties": 32},
+    node_selector: dict[str, str] = labels(
+        "Node labels the reservation must land on (core/v1 nodeSelector).",
+        MAX_NODE_SELECTOR_LABELS,
     )
-    tolerations: list[dict[str, Any]] = Field(
+    tolerations: list[Toleration] = Field(
         default_factory=list,
+        max_length=MAX_TOLERATIONS,
         description="Pod tolerations (core/v1 Toleration).",
-        json_schema_extra={
-            "maxItems": 32,
-            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
-        },
     )
-    affinity: dict[str, Any] | None = Field(
-        default=None,
-        description="Pod affinity (core/v1 Affinity).",
-        json_schema_extra={"x-kubernetes-preserve-unknown-fields": True},
-    )
+    affinity: Affinity | None = Field(default=None, description="Pod affinity (core/v1 Affinity).")
 
 
 def immutable(what: str) -> JsonDict:
@@ -1241,6 +1249,7 @@ class BranchClaimSpec(Model):
     envelope: str = Field(
         min_length=1,
         max_length=MAX_NAME_LENGTH,
+        pattern=OBJECT_NAME,
         description="The ReservationEnvelope (same namespace) this claim draws from.",
         json_schema_extra=immutable("envelope is immutable after creation"),
     )
@@ -1403,7 +1412,7 @@ class BranchClaimStatus(Model):
         default=None, description="What this failed attempt keeps for the next attempt."
     )
     queue_reason: str | None = Field(
-        default=None, max_length=1024, description="Why the claim is still Pending."
+        default=None, max_length=MESSAGE_LENGTH, description="Why the claim is still Pending."
     )
     conditions: list[Condition] = Field(
         default_factory=list,

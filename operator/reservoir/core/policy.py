@@ -17,6 +17,7 @@ from reservoir.core.model import (
     EnvelopePolicy,
     LedgerEntry,
 )
+from reservoir.core.text import MESSAGE_LENGTH, bounded, names
 
 
 @dataclass(frozen=True)
@@ -40,6 +41,11 @@ class Admission:
     reason: str  # CamelCase reason when not admitted
     message: str = ""
     permanent: bool = False  # can never be admitted: reject instead of queueing
+
+    def __post_init__(self) -> None:
+        # Bounded where it is made: the message becomes a queue reason and a condition
+        # (16 resource names of 63 characters once overflowed both, issue 21).
+        object.__setattr__(self, "message", bounded(self.message, MESSAGE_LENGTH))
 
 
 def request_problem(
@@ -105,7 +111,7 @@ def admission(
         )
     if not fits(requests, available):
         short = sorted(n for n, a in requests.items() if a > available.get(n, ZERO))
-        return Admission(False, "InsufficientCapacity", f"not enough available {', '.join(short)}")
+        return Admission(False, "InsufficientCapacity", f"not enough available {names(short)}")
     return Admission(True, "Admitted")
 
 

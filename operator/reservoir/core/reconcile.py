@@ -99,6 +99,7 @@ from reservoir.core.provider import (
     late_answer_wanted,
     needs_lookup,
 )
+from reservoir.core.text import MESSAGE_LENGTH, bounded
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -211,7 +212,7 @@ def reconcile(
         envelope = replace(envelope, parent=parent)
     drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now)
     ledger.parent = drawn.record
-    ledger.queue_reason = _cut(drawn.waiting) if drawn.waiting else None
+    ledger.queue_reason = bounded(drawn.waiting, MESSAGE_LENGTH) if drawn.waiting else None
     deleted_itself = envelope.deleting
     envelope = envelope.effective(ledger.parent)
     if envelope.deleting and not deleted_itself:
@@ -575,7 +576,7 @@ def _gone(uid: str, entry: LedgerEntry, envelope: EnvelopeFacts) -> ClaimFacts:
     # A Tentative claim that vanished may have been dispatched after the operator last
     # looked: it is held like a dispatched one, never released on a guess.
     spec = BranchClaimSpec(
-        envelope="-",
+        envelope="gone",  # a stand-in: the object (and its spec) is gone
         attempt=entry.attempt,
         requests=entry.reserved,
         dispatch=True,
@@ -840,10 +841,6 @@ def _withdrawn(result: Reconciliation) -> bool:
     """Its parent recorded that it will never hold this envelope's capacity."""
     record = result.status.parent
     return record is not None and record.admitted_at is None
-
-
-def _cut(text: str, limit: int = 1024) -> str:
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _done_upward(record: ParentRecord | None, envelope: EnvelopeFacts) -> bool:

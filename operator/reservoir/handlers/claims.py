@@ -16,6 +16,7 @@ from lightkube import ApiError
 from lightkube.types import PatchType
 
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
+from reservoir.core.text import MESSAGE_LENGTH, bounded
 from reservoir.k8s.claim_source import indexed
 from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
@@ -31,7 +32,10 @@ CLAIMS = (API_GROUP, API_VERSION, "branchclaims")
 
 def pending_without_envelope(envelope: str) -> BranchClaimStatus:
     return BranchClaimStatus(
-        queue_reason=f"EnvelopeNotFound: no ReservationEnvelope {envelope!r} in this namespace"
+        queue_reason=bounded(
+            f"EnvelopeNotFound: no ReservationEnvelope {envelope!r} in this namespace",
+            MESSAGE_LENGTH,
+        )
     )
 
 

@@ -29,7 +29,12 @@ from reservoir.core.model import (
     ReservationPoolStatus,
 )
 from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, parse_time
-from reservoir.k8s.resources import ReservationEnvelope, ReservationPool, get_object
+from reservoir.k8s.resources import (
+    ReservationEnvelope,
+    ReservationPool,
+    field_value,
+    get_object,
+)
 
 
 def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts | None:
@@ -69,7 +74,7 @@ async def children_of(
     facts: list[ChildFacts] = []
     bodies: dict[str, dict[str, Any]] = {}
     async for child in client.list(
-        ReservationEnvelope, namespace=namespace, fields={"spec.parent": name}
+        ReservationEnvelope, namespace=namespace, fields={"spec.parent": field_value(name)}
     ):
         body = as_dict(child)
         fact = child_facts(body, now)

@@ -27,7 +27,7 @@ from lightkube import AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
 from reservoir.k8s.facts import as_dict
-from reservoir.k8s.resources import ENVELOPE_LABEL, BranchClaim
+from reservoir.k8s.resources import ENVELOPE_LABEL, BranchClaim, field_value
 
 Body = dict[str, Any]
 Key = tuple[str, str]  # (namespace, envelope name)
@@ -73,7 +73,7 @@ class ListedClaims:
         return [
             as_dict(c)
             async for c in self.client.list(
-                BranchClaim, namespace=namespace, fields={"spec.envelope": envelope}
+                BranchClaim, namespace=namespace, fields={"spec.envelope": field_value(envelope)}
             )
         ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import weakref
 from typing import Any
+from urllib.parse import quote
 
 from lightkube import ApiError, AsyncClient
 from lightkube.generic_resource import create_global_resource, create_namespaced_resource
@@ -44,6 +45,22 @@ def field_value(value: str) -> str:
     return value.replace("\\", "\\\\").replace(",", "\\,").replace("=", "\\=")
 
 
+def possible_name(name: str) -> bool:
+    """Whether some object could have this name (or a namespace be called it): not empty,
+    not '.' or '..', no '/' (the API server refuses such names for every kind)."""
+    return name not in ("", ".", "..") and "/" not in name
+
+
+def path_segment(name: str) -> str:
+    """A name as one segment of an API URL, percent-escaped whole ('/', '%', '?', '#' and
+    the rest). lightkube joins names into URLs as they are: found by review,
+    `../../tenant-b/...` as a claim's spec.envelope read an envelope of another namespace.
+    Raises ValueError for a name no object can have ('..' stays '..' escaped)."""
+    if not possible_name(name):
+        raise ValueError(f"not an object name: {name!r}")
+    return quote(name, safe="")
+
+
 # What a client may not LIST (403: a reader allowed only get), by kind and namespace: read
 # with a GET from then on, not asked again on every read. RBAC changes rarely; a client
 # made after a role grants list reads by LIST again.
@@ -65,7 +82,12 @@ async def get_object(
     against 12 for one of 48 KB, measured on this project's control plane), which the
     writer and the SDK read several times per claim. A refused LIST (429 while the cache
     initializes, 403 for a reader allowed only get) falls back to the GET; after a 403,
-    that client reads that kind in that namespace with GETs only."""
+    that client reads that kind in that namespace with GETs only.
+
+    A name or namespace no object can have (empty, '.', '..', with a '/') reads as
+    absent, and a name is escaped before it is joined into a URL."""
+    if not possible_name(name) or (namespace is not None and not possible_name(namespace)):
+        return None
     forbidden = _LIST_FORBIDDEN.get(client, set())
     if (kind, namespace) not in forbidden:
         try:
@@ -77,9 +99,9 @@ async def get_object(
                 _LIST_FORBIDDEN.setdefault(client, set()).add((kind, namespace))
     try:
         if namespace is None:
-            found = await client.get(kind, name)
+            found = await client.get(kind, path_segment(name))
         else:
-            found = await client.get(kind, name, namespace=namespace)
+            found = await client.get(kind, path_segment(name), namespace=path_segment(namespace))
     except ApiError as error:
         if error.status.code == 404:
             return None

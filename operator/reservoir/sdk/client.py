@@ -112,7 +112,9 @@ from reservoir.k8s.resources import (
     BranchClaim,
     ReservationEnvelope,
     ReservationPool,
+    field_value,
     get_object,
+    path_segment,
 )
 from reservoir.sdk.errors import (
     ClaimExistsError,
@@ -240,7 +242,9 @@ class AsyncReservoir:
         return await self._with_ledger(await self._read_claim(name))
 
     async def ledger(self, envelope: str) -> EnvelopeView:
-        obj = await self.client.get(ReservationEnvelope, envelope, namespace=self.namespace)
+        obj = await self.client.get(
+            ReservationEnvelope, path_segment(envelope), namespace=self.namespace
+        )
         return EnvelopeView.from_api(as_dict(obj))
 
     async def tree(self, envelope: str) -> EnvelopeTree:
@@ -248,7 +252,9 @@ class AsyncReservoir:
         child envelopes drawing on it (by `spec.parent`, same namespace) with theirs:
         at most MAX_DEPTH levels, the envelope being the first. An envelope already on
         the path from the top (parents that form a cycle) is not listed again."""
-        obj = await self.client.get(ReservationEnvelope, envelope, namespace=self.namespace)
+        obj = await self.client.get(
+            ReservationEnvelope, path_segment(envelope), namespace=self.namespace
+        )
         return await self._tree(as_dict(obj), 1, frozenset())
 
     async def _tree(self, body: dict[str, Any], level: int, above: frozenset[str]) -> EnvelopeTree:
@@ -257,7 +263,9 @@ class AsyncReservoir:
             [
                 ClaimView.from_api(as_dict(obj)).with_ledger(body)
                 async for obj in self.client.list(
-                    BranchClaim, namespace=view.namespace, fields={"spec.envelope": view.name}
+                    BranchClaim,
+                    namespace=view.namespace,
+                    fields={"spec.envelope": field_value(view.name)},
                 )
             ]
         )
@@ -267,7 +275,9 @@ class AsyncReservoir:
         found = [
             as_dict(obj)
             async for obj in self.client.list(
-                ReservationEnvelope, namespace=view.namespace, fields={"spec.parent": view.name}
+                ReservationEnvelope,
+                namespace=view.namespace,
+                fields={"spec.parent": field_value(view.name)},
             )
         ]
         children = [
@@ -279,7 +289,9 @@ class AsyncReservoir:
 
     async def pool(self, name: str) -> PoolView:
         """A ReservationPool (cluster-scoped): its totals and its envelopes' lines."""
-        return PoolView.from_api(as_dict(await self.client.get(ReservationPool, name)))
+        return PoolView.from_api(
+            as_dict(await self.client.get(ReservationPool, path_segment(name)))
+        )
 
     async def claims(self, envelope: str) -> list[ClaimView]:
         """The envelope's claims (by `spec.envelope`), each with its ledger entry. A settled
@@ -289,7 +301,9 @@ class AsyncReservoir:
         return [
             ClaimView.from_api(as_dict(obj)).with_ledger(body)
             async for obj in self.client.list(
-                BranchClaim, namespace=self.namespace, fields={"spec.envelope": envelope}
+                BranchClaim,
+                namespace=self.namespace,
+                fields={"spec.envelope": field_value(envelope)},
             )
         ]
 
@@ -318,11 +332,13 @@ class AsyncReservoir:
         `policy.settledClaimTTLSeconds` deletes the claim). The envelope is read first, so
         an entry compacted meanwhile is found in its claim's status."""
         namespace = namespace or self.namespace
-        obj = await self.client.get(ReservationEnvelope, envelope, namespace=namespace)
+        obj = await self.client.get(
+            ReservationEnvelope, path_segment(envelope), namespace=namespace
+        )
         status = ReservationEnvelopeStatus.model_validate(as_dict(obj).get("status") or {})
         found = [entry for entry in status.entries.values() if entry.settlement is not None]
         async for claim in self.client.list(
-            BranchClaim, namespace=namespace, fields={"spec.envelope": envelope}
+            BranchClaim, namespace=namespace, fields={"spec.envelope": field_value(envelope)}
         ):
             view = ClaimView.from_api(as_dict(claim))
             if view.uid in status.entries:
@@ -717,7 +733,7 @@ class AsyncReservoir:
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         not_ours = f"lease/{view.name}: not taken over; do not start irreversible work"
         try:
-            lease = await self.client.get(Lease, view.name, namespace=self.namespace)
+            lease = await self.client.get(Lease, path_segment(view.name), namespace=self.namespace)
         except ApiError as error:
             if error.status.code != 404:
                 raise

@@ -38,7 +38,7 @@ from typing import Any, cast
 
 from lightkube import AsyncClient
 
-from reservoir.k8s.resources import BranchClaim
+from reservoir.k8s.resources import BranchClaim, field_value
 from reservoir.sdk.errors import ClaimNotFoundError
 from reservoir.sdk.views import ClaimView
 
@@ -272,7 +272,9 @@ class ClaimWatch:
         """Where the watch starts (or starts over): every claim's current version."""
         if self.name:
             listed = self.client.list(
-                BranchClaim, namespace=self.namespace, fields={"metadata.name": self.name}
+                BranchClaim,
+                namespace=self.namespace,
+                fields={"metadata.name": field_value(self.name)},
             )
         else:
             listed = self.client.list(BranchClaim, namespace=self.namespace)
