@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -50,9 +49,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         kwargs["claims_by_envelope"], kwargs["leases_by_envelope"]
     )
     services.writer.children = kwargs["envelopes_by_parent"]
-    port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
-    if port:
-        memo.endpoints = await serve(port, services.health)
+    listening = memo.get("endpoints_socket")  # bound by the command line, before kopf ran
+    if listening is not None:
+        memo.endpoints = await serve(listening, services.health)
     memo.api_watch = asyncio.create_task(watch_api(services.health, services.probe_api))
     services.health.started = True
 
