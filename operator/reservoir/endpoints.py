@@ -1,10 +1,11 @@
 """The operator's HTTP endpoints on --metrics-port: Prometheus' `/metrics` and the
 readiness probe `/readyz`. (Liveness is kopf's own endpoint, `--liveness`.)
 
-Readiness says whether this replica can do its job right now: its start-up finished and
-the API server answered its latest request (a ledger reconcile, or the cheap read
-`watch_api` makes every 10 s, so that a replica with nothing to reconcile, or standing by
-behind a peer, still notices an unreachable API server).
+Readiness says whether this replica can do its job right now: its start-up finished, every
+watch is up (one that failed is restarted, see kopf_watch), and the API server answered
+its latest request (a ledger reconcile, or the cheap read `watch_api` makes every 10 s, so
+that a replica with nothing to reconcile, or standing by behind a peer, still notices an
+unreachable API server).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
@@ -25,6 +26,14 @@ class Health:
     last_success: float = 0.0
     last_failure: float = 0.0
     failure: str = ""
+    # Watches that failed and are not back yet (listed again): what -> why.
+    watches_down: dict[str, str] = field(default_factory=dict)
+
+    def watch_down(self, what: str, why: str) -> None:
+        self.watches_down[what] = why
+
+    def watch_up(self, what: str) -> None:
+        self.watches_down.pop(what, None)
 
     def succeeded(self) -> None:
         self.last_success = time.monotonic()
@@ -36,6 +45,8 @@ class Health:
         """Why this replica is not ready, or None."""
         if not self.started:
             return "starting"
+        for what, why in self.watches_down.items():
+            return f"the watch of {what} failed and is being restarted: {why}"
         if self.last_failure > self.last_success:
             return f"the latest ledger reconcile failed: {self.failure}"
         return None

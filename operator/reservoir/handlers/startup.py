@@ -9,6 +9,7 @@ from typing import Any
 
 import kopf
 
+from reservoir import kopf_watch
 from reservoir.endpoints import serve, watch_api
 from reservoir.k8s.claim_source import WatchedClaims
 from reservoir.k8s.resources import FINALIZER
@@ -42,6 +43,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
     memo.services = services = Services.build()
+    # Before kopf starts its watchers: an object none can decode is set aside, a watcher
+    # that fails is started again, and /readyz says so meanwhile (see the module).
+    memo.set_aside = kopf_watch.apply(services.health, settings)
     # The ledger writers read claims and Leases from the watch-fed indexes (kopf fills them
     # before any daemon starts), confirming with a GET what a stale copy could change.
     # (kopf passes each index by its handler's name.)
