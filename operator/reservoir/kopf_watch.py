@@ -35,6 +35,7 @@ from kopf._cogs.clients import api, fetching, watching
 from kopf._cogs.configs.configuration import OperatorSettings
 from kopf._core.reactor import queueing
 
+from reservoir import metrics
 from reservoir.core.model import API_GROUP
 from reservoir.endpoints import Health
 from reservoir.undecodable import SetAside, decode_event, decode_list
@@ -70,6 +71,7 @@ class SetAsideReporter:
         if len(self.reported) > 10_000:  # bounded, whatever tenants store
             self.reported.clear()
         self.reported.add(key)
+        metrics.objects_set_aside.labels(found.kind[:64]).inc()
         where = f"{found.namespace}/{found.name}" if found.namespace else found.name
         logger.error(
             "set aside %s %s (uid %s, resourceVersion %s): %s; the rest are served",
@@ -161,9 +163,12 @@ class SetAsideReporter:
         response.close()
 
 
+def _kind(resource: Any) -> str:
+    return f"{resource.plural}.{resource.group or 'core'}"
+
+
 def _what(resource: Any, namespace: str | None) -> str:
-    where = f"in {namespace}" if namespace else "cluster-wide"
-    return f"{resource.plural}.{resource.group or 'core'} {where}"
+    return f"{_kind(resource)} {f'in {namespace}' if namespace else 'cluster-wide'}"
 
 
 def apply(health: Health, settings: OperatorSettings) -> SetAsideReporter:
@@ -187,9 +192,12 @@ def apply(health: Health, settings: OperatorSettings) -> SetAsideReporter:
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         """kopf's watch stream; a complete list means this watch is up (again)."""
         what = _what(kwargs["resource"], kwargs["namespace"])
+        received = metrics.watch_events.labels(_kind(kwargs["resource"]))
         async for event in _ORIGINAL_INFINITE_WATCH(**kwargs):
             if event is watching.Bookmark.LISTED:
                 health.watch_up(what)
+            elif isinstance(event, dict) and event.get("type") != "BOOKMARK":
+                received.inc()
             yield event
 
     async def watcher(**kwargs: Any) -> None:

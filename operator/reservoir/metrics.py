@@ -115,6 +115,19 @@ finalizer_waits = Counter(
     "Deletions held back because their settlement is not recorded yet.",
     ["namespace", "kind"],
 )
+watch_events = Counter(
+    "reservoir_watch_events_total",
+    "Objects the API server sent to the operator's watches (listed or changed), by resource "
+    "(plural.group). Pods, Jobs, Leases and ResourceClaims are selected by label server-side: "
+    "other tenants' objects are not sent at all.",
+    ["resource"],
+)
+objects_set_aside = Counter(
+    "reservoir_watch_objects_set_aside_total",
+    "Objects the operator could not decode and set aside (each with an Undecodable Event), "
+    "by kind.",
+    ["kind"],
+)
 
 EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
 # A snapshot older than this is not shown: the replica stopped reconciling the envelope
