@@ -1,5 +1,7 @@
 """The operator's HTTP endpoints on --metrics-port: Prometheus' `/metrics` and the
-readiness probe `/readyz`. (Liveness is kopf's own endpoint, `--liveness`.)
+readiness probe `/readyz`. (Liveness is kopf's own endpoint, `--liveness`.) With an
+`auth` (see metrics_auth), /metrics answers only an authorized bearer token; /readyz,
+which names no tenant's objects, answers the kubelet's probes without one.
 
 Readiness says whether this replica can do its job right now: its start-up finished, every
 watch is up (one that failed is restarted, see kopf_watch), and the API server answered
@@ -18,6 +20,8 @@ from dataclasses import dataclass, field
 
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from reservoir.metrics_auth import MetricsAuth
 
 
 @dataclass
@@ -83,8 +87,17 @@ def listen(port: int, host: str = "0.0.0.0") -> socket.socket:
     return listening
 
 
-async def serve(listening: socket.socket, health: Health) -> web.AppRunner:
-    async def metrics(_: web.Request) -> web.Response:
+async def serve(
+    listening: socket.socket, health: Health, auth: MetricsAuth | None = None
+) -> web.AppRunner:
+    async def metrics(request: web.Request) -> web.Response:
+        if auth is not None:
+            try:
+                verdict = await auth.check(request.headers.get("Authorization"))
+            except Exception as error:  # the API server did not answer: no metrics, no leak
+                return web.Response(status=503, text=f"cannot authorize: {type(error).__name__}\n")
+            if verdict.status != 200:
+                return web.Response(status=verdict.status, text=f"{verdict.why}\n")
         body = generate_latest(REGISTRY)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

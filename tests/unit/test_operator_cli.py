@@ -41,6 +41,7 @@ def test_help_lists_every_flag_with_its_default() -> None:
     for flag, default in {
         "--namespace": "[]",
         "--metrics-port": "8080",
+        "--metrics-auth": "none",
         "--liveness": "None",
         "--peering": "None",
         "--priority": "None",

@@ -45,6 +45,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="serve /metrics and the readiness probe /readyz on this port; 0 disables both",
     )
     parser.add_argument(
+        "--metrics-auth",
+        choices=("none", "kubernetes"),
+        default="none",
+        help="who may read /metrics: anyone who reaches the port ('none'), or only a bearer "
+        "token the API server authenticates (TokenReview) and allows to get the non-resource "
+        "URL /metrics (SubjectAccessReview), as the chart sets ('kubernetes')",
+    )
+    parser.add_argument(
         "--liveness",
         metavar="URL",
         default=None,
@@ -192,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         peering_name=args.peering,
         priority=peering_priority(args.peering, args.priority),
         liveness_endpoint=args.liveness,
-        memo=kopf.Memo(endpoints_socket=endpoints),
+        memo=kopf.Memo(endpoints_socket=endpoints, metrics_auth=args.metrics_auth == "kubernetes"),
     )
     return 0
 

@@ -14,6 +14,7 @@ from reservoir.endpoints import serve, watch_api
 from reservoir.k8s.claim_source import WatchedClaims
 from reservoir.k8s.devices import CLAIM_UID_LABEL
 from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, FINALIZER
+from reservoir.metrics_auth import MetricsAuth
 from reservoir.services import Services
 
 
@@ -71,7 +72,8 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     services.writer.children = kwargs["envelopes_by_parent"]
     listening = memo.get("endpoints_socket")  # bound by the command line, before kopf ran
     if listening is not None:
-        memo.endpoints = await serve(listening, services.health)
+        auth = MetricsAuth(services.client) if memo.get("metrics_auth") else None
+        memo.endpoints = await serve(listening, services.health, auth)
     memo.api_watch = asyncio.create_task(watch_api(services.health, services.probe_api))
     services.health.started = True
 
