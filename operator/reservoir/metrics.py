@@ -8,6 +8,14 @@ workflow (a new envelope) every minute:
 - counters and histograms are labelled by namespace and workflow class (the envelope's
   `reservoir.dev/workflow-class` label), never by envelope or claim.
 
+Every label value a tenant chooses (namespace, envelope, workflow class, resource name) is
+bounded, whatever tenants create: each counter and histogram keeps at most
+`MAX_SERIES_PER_METRIC` label sets, and later ones count under `_other` for those labels;
+the per-envelope gauges show at most `MAX_ENVELOPES` envelopes (those seen first; one
+that goes frees its place) and `MAX_RESOURCES_PER_ENVELOPE` resources of each, the rest
+summed into `namespace="_other", envelope="_other"` and `resource="_other"` series
+(their per-envelope-only gauges, such as the deadline and health, are left out).
+
 Gauges are floats by Prometheus' definition; the ledger itself stays exact.
 """
 
@@ -19,6 +27,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
+from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -29,6 +38,48 @@ from reservoir import __version__
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals
 
+OTHER = "_other"
+# Labels whose values tenants choose: bounded (see the module's docstring).
+TENANT_LABELS = frozenset({"namespace", "envelope", "class", "resource"})
+MAX_SERIES_PER_METRIC = 1000
+MAX_ENVELOPES = 500
+MAX_RESOURCES_PER_ENVELOPE = 16
+
+
+class _BoundedLabels:
+    """A metric whose label sets stop growing at MAX_SERIES_PER_METRIC: past it, a new
+    label set is counted with its tenant-chosen labels as `_other`."""
+
+    _labelnames: tuple[str, ...]
+
+    def labels(self, *values: Any, **named: Any) -> Any:
+        if named:
+            values = tuple(named[name] for name in self._labelnames)
+        key = tuple(str(v) for v in values)
+        with _series_lock:
+            seen = _series.setdefault(id(self), set())
+            if key not in seen:
+                if len(seen) >= MAX_SERIES_PER_METRIC:
+                    key = tuple(
+                        OTHER if name in TENANT_LABELS else value
+                        for name, value in zip(self._labelnames, key, strict=True)
+                    )
+                seen.add(key)
+        return super().labels(*key)  # type: ignore[misc]
+
+
+_series: dict[int, set[tuple[str, ...]]] = {}
+_series_lock = threading.Lock()
+
+
+class BoundedCounter(_BoundedLabels, Counter):
+    pass
+
+
+class BoundedHistogram(_BoundedLabels, Histogram):
+    pass
+
+
 ENVELOPE = ["namespace", "envelope"]
 CLASS = ["namespace", "class"]
 STATES = ("capacity", "reserved", "committed", "reconciling", "available")
@@ -36,84 +87,97 @@ STATES = ("capacity", "reserved", "committed", "reconciling", "available")
 build_info = Gauge("reservoir_build_info", "Always 1: the running operator's version.", ["version"])
 build_info.labels(__version__).set(1)
 
-transitions = Counter(
+transitions = BoundedCounter(
     "reservoir_claim_transitions_total",
     "Claim transitions and refusals, by reason (Reserved, CommitPointReached, Completed, "
     "LeaseExpired, LeaseLapsed, Overrun, LateReport, DispatchRefused, RenewalRefused, ...).",
     [*CLASS, "reason"],
 )
-admission_wait = Histogram(
+admission_wait = BoundedHistogram(
     "reservoir_claim_admission_wait_seconds",
     "From a claim's creation to its capacity being reserved (queueing included).",
     CLASS,
     buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600),
 )
-commit_wait = Histogram(
+commit_wait = BoundedHistogram(
     "reservoir_claim_commit_wait_seconds",
     "From a claim's reservation to its commit point (dispatch, pod bound or pod running).",
     CLASS,
     buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400),
 )
-hold = Histogram(
+hold = BoundedHistogram(
     "reservoir_claim_hold_seconds",
     "From a claim's reservation to its settlement: how long the envelope held R for it.",
     CLASS,
     buckets=(1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14400, 86400),
 )
-consumed_ratio = Histogram(
+consumed_ratio = BoundedHistogram(
     "reservoir_claim_consumed_ratio",
     "C/R per resource of claims settled Consumed: how much of a reservation was used. "
     "The basis of `kubectl reservoir recommend`.",
     [*CLASS, "resource"],
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
 )
-lease_renewals = Counter(
+lease_renewals = BoundedCounter(
     "reservoir_lease_renewals_total",
     "Lease renewals asked for by a new heartbeat, by result (granted, refused).",
     [*CLASS, "result"],
 )
-lease_expiries = Counter(
+lease_expiries = BoundedCounter(
     "reservoir_lease_expiries_total",
     "Leases that lapsed: a Tentative claim expired, or a committed one was Detached.",
     CLASS,
 )
-late_reports = Counter(
+late_reports = BoundedCounter(
     "reservoir_claim_late_reports_total",
     "Usage reports that arrived after their claim settled (kept for audit, never applied).",
     CLASS,
 )
-overruns = Counter(
+overruns = BoundedCounter(
     "reservoir_claim_overruns_total",
     "Claims that reported usage above their reservation.",
     CLASS,
 )
-ledger_writes = Counter(
+ledger_writes = BoundedCounter(
     "reservoir_ledger_writes_total",
     "Compare-and-swap writes of envelope ledgers, by result "
     "(written, conflict (retried), unchanged, refused).",
     ["namespace", "result"],
 )
-reconcile_seconds = Histogram(
+reconcile_seconds = BoundedHistogram(
     "reservoir_ledger_reconcile_seconds",
     "Time to read, reconcile and write one envelope's ledger.",
     ["namespace"],
 )
-ledger_errors = Counter(
+ledger_errors = BoundedCounter(
     "reservoir_ledger_errors_total",
     "Reconciles that could not move a ledger, by reason (UnreadableEnvelope, "
     "InvariantViolation, WriteRefused, ReconcileFailed, MirrorRefused).",
     ["namespace", "reason"],
 )
-provider_lookups = Counter(
+provider_lookups = BoundedCounter(
     "reservoir_provider_lookups_total",
     "Status lookups of claims' upstream operations, by adapter (Object, HTTP) and result "
     "(answered, failed).",
     ["namespace", "adapter", "result"],
 )
-finalizer_waits = Counter(
+finalizer_waits = BoundedCounter(
     "reservoir_finalizer_waits_total",
     "Deletions held back because their settlement is not recorded yet.",
     ["namespace", "kind"],
+)
+watch_events = BoundedCounter(
+    "reservoir_watch_events_total",
+    "Objects the API server sent to the operator's watches (listed or changed), by resource "
+    "(plural.group). Pods, Jobs, Leases and ResourceClaims are selected by label server-side: "
+    "other tenants' objects are not sent at all.",
+    ["resource"],
+)
+objects_set_aside = BoundedCounter(
+    "reservoir_watch_objects_set_aside_total",
+    "Objects the operator could not decode and set aside (each with an Undecodable Event), "
+    "by kind.",
+    ["kind"],
 )
 
 EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
@@ -162,10 +226,16 @@ class EnvelopeGauges(Collector):
     _healthy: dict[tuple[str, str], bool] = field(default_factory=dict)
     _seen: dict[tuple[str, str], float] = field(default_factory=dict)  # monotonic
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    # The envelopes shown by name, in the order first seen; the others are summed.
+    _shown: dict[tuple[str, str], None] = field(default_factory=dict)
     stale_after: float = STALE_AFTER_SECONDS
+    max_envelopes: int = MAX_ENVELOPES
 
     def record(self, namespace: str, envelope: str, snapshot: EnvelopeSnapshot) -> None:
         with self._lock:
+            key = (namespace, envelope)
+            if key not in self._shown and len(self._shown) < self.max_envelopes:
+                self._shown[key] = None
             self._snapshots[(namespace, envelope)] = snapshot
             self._healthy[(namespace, envelope)] = True
             self._seen[(namespace, envelope)] = time.monotonic()
@@ -180,6 +250,7 @@ class EnvelopeGauges(Collector):
             self._snapshots.pop((namespace, envelope), None)
             self._healthy.pop((namespace, envelope), None)
             self._seen.pop((namespace, envelope), None)
+            self._shown.pop((namespace, envelope), None)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -240,26 +311,53 @@ class EnvelopeGauges(Collector):
             "ledger could not move (see the LedgerHealthy condition).",
             labels=ENVELOPE,
         )
+        # Past MAX_ENVELOPES, the sums of the others (see the module's docstring).
+        others: dict[tuple[str, ...], float] = {}
+
+        def add(family: GaugeMetricFamily, labels: list[str], value: float, shown: bool) -> None:
+            if shown:
+                family.add_metric(labels, value)
+            else:
+                key = (family.name, OTHER, OTHER, *labels[2:])
+                others[key] = others.get(key, 0.0) + value
+
         for (namespace, envelope), snap in sorted(snapshots.items()):
             key = [namespace, envelope]
+            shown = (namespace, envelope) in self._shown
             for state in STATES:
-                for resource, amount in getattr(snap.totals, state).items():
-                    capacity.add_metric([*key, resource, state], float(amount))
+                for resource, amount in _bounded_resources(getattr(snap.totals, state)):
+                    add(capacity, [*key, resource, state], float(amount), shown)
             for phase in ClaimPhase:
-                claims.add_metric([*key, phase.value], snap.counts.get(phase.value, 0))
-            for resource, amount in snap.stranded.items():
-                stranded.add_metric([*key, resource], float(amount))
+                add(claims, [*key, phase.value], snap.counts.get(phase.value, 0), shown)
+            for resource, amount in _bounded_resources(snap.stranded):
+                add(stranded, [*key, resource], float(amount), shown)
+            for state, count in snap.devices.items():
+                add(devices, [*key, state], count, shown)
+            if not shown:
+                continue
             info.add_metric([*key, snap.workflow_class], 1)
             deadline.add_metric(key, snap.ambiguity_deadline_seconds)
             if snap.oldest_finalizer is not None:
                 oldest.add_metric(key, snap.oldest_finalizer.timestamp())
-            for state, count in snap.devices.items():
-                devices.add_metric([*key, state], count)
             if snap.finalizer_due is not None:
                 due.add_metric(key, snap.finalizer_due.timestamp())
+        families = {f.name: f for f in (capacity, claims, stranded, devices)}
+        for (name, *labels), value in sorted(others.items()):
+            families[name].add_metric(labels, value)
         for (namespace, envelope), ok in sorted(healthy.items()):
-            health.add_metric([namespace, envelope], 1 if ok else 0)
+            if (namespace, envelope) in self._shown:
+                health.add_metric([namespace, envelope], 1 if ok else 0)
         yield from (capacity, claims, stranded, info, deadline, oldest, due, devices, health)
+
+
+def _bounded_resources(amounts: Mapping[str, Decimal]) -> list[tuple[str, Decimal]]:
+    """The first MAX_RESOURCES_PER_ENVELOPE resources by name; the rest summed as _other."""
+    ordered = sorted(amounts.items())
+    if len(ordered) <= MAX_RESOURCES_PER_ENVELOPE:
+        return ordered
+    kept = ordered[: MAX_RESOURCES_PER_ENVELOPE - 1]
+    rest = sum((amount for _, amount in ordered[MAX_RESOURCES_PER_ENVELOPE - 1 :]), Decimal(0))
+    return [*kept, (OTHER, rest)]
 
 
 envelopes = EnvelopeGauges()

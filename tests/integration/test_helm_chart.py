@@ -30,6 +30,7 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
     "rbac.userRoles": (True, False),
     "verbose": (False, True),
     "metrics.service.enabled": (True, False),
+    "metrics.auth.mode": ("kubernetes", "none"),
     "metrics.serviceMonitor.enabled": (False, True),
     "metrics.prometheusRule.enabled": (False, True),
     "metrics.dashboard.enabled": (False, True),
@@ -136,7 +137,56 @@ def test_no_rule_uses_a_wildcard_or_touches_secrets() -> None:
                 for field in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule.get(field, []), f"{doc['metadata']['name']}: {rule}"
                 assert "secrets" not in rule.get("resources", []), doc["metadata"]["name"]
-                assert not rule.get("nonResourceURLs"), doc["metadata"]["name"]
+                if doc["metadata"]["name"] == "rel-reservoir-metrics-reader":
+                    assert rule == {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
+                else:
+                    assert not rule.get("nonResourceURLs"), doc["metadata"]["name"]
+
+
+def test_metrics_auth_grants_the_reviews_and_a_reader_role_and_the_scrape_sends_a_token() -> None:
+    """Issue 21: /metrics behind TokenReview + SubjectAccessReview by default."""
+    values = {"metrics.serviceMonitor.enabled": True}
+    docs = render(values)
+    by_name = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+    auth = by_name["ClusterRole", "rel-reservoir-metrics-auth"]
+    assert auth["rules"] == [
+        {
+            "apiGroups": ["authentication.k8s.io"],
+            "resources": ["tokenreviews"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["authorization.k8s.io"],
+            "resources": ["subjectaccessreviews"],
+            "verbs": ["create"],
+        },
+    ]
+    binding = by_name["ClusterRoleBinding", "rel-reservoir-metrics-auth"]
+    assert binding["subjects"][0]["kind"] == "ServiceAccount"
+    assert ("ClusterRole", "rel-reservoir-metrics-reader") in by_name
+    assert ("ClusterRoleBinding", "rel-reservoir-metrics-reader") not in by_name
+    deployment = by_name["Deployment", "rel-reservoir"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--metrics-auth=kubernetes" in args
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert monitor["spec"]["endpoints"][0]["bearerTokenFile"].endswith("serviceaccount/token")
+
+    readers = [{"name": "prometheus", "namespace": "monitoring"}]
+    docs = render({**values, "metrics.auth.readerServiceAccounts": readers})
+    bound = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "rel-reservoir-metrics-reader"
+        and d["kind"] == "ClusterRoleBinding"
+    )
+    assert bound["subjects"] == [{"kind": "ServiceAccount", **readers[0]}]
+
+    docs = render({**values, "metrics.auth.mode": "none"})
+    assert not [d for d in docs if "metrics-" in d["metadata"]["name"] and "Role" in d["kind"]]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert "--metrics-auth=none" in deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    monitor = next(d for d in docs if d["kind"] == "ServiceMonitor")
+    assert "bearerTokenFile" not in monitor["spec"]["endpoints"][0]
 
 
 def operator_rules(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], list[Any]]:

@@ -5,6 +5,7 @@ series leave with it."""
 from __future__ import annotations
 
 import contextlib
+import json
 import socket
 import subprocess
 import threading
@@ -235,3 +236,61 @@ def test_readiness_follows_the_api_server_even_with_nothing_to_reconcile(
     eventually("/readyz to fail while the API server is unreachable", lambda: ready(port) == 503)
     proxy.restore()
     eventually("/readyz to recover", lambda: ready(port) == 200, timeout=60)
+
+
+def get_status(url: str, token: str | None = None) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    try:
+        request = urllib.request.Request(url, headers=headers)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read().decode()
+
+
+def test_metrics_answer_only_a_token_allowed_to_get_them(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator
+) -> None:
+    """Issue 21: the metrics name every tenant's envelopes. With --metrics-auth=kubernetes
+    (the chart's default) the API server says whose a token is (TokenReview) and whether
+    it may get /metrics (SubjectAccessReview, as the chart's metrics-reader ClusterRole
+    grants); the kubelet's readiness probe needs no token."""
+    reader = f"{ns}-metrics-reader"
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": reader},
+        "rules": [{"nonResourceURLs": ["/metrics"], "verbs": ["get"]}],
+    }
+    binding = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": reader},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": reader},
+        "subjects": [{"kind": "ServiceAccount", "name": "scraper", "namespace": ns}],
+    }
+    for account in ("scraper", "tenant"):
+        cluster.kubectl("create", "serviceaccount", account, "-n", ns)
+    for obj in (role, binding):
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    try:
+        scraper, tenant = (
+            cluster.kubectl("create", "token", account, "-n", ns).strip()
+            for account in ("scraper", "tenant")
+        )
+        port = _free_port()
+        start_operator("--metrics-port", str(port), "--metrics-auth", "kubernetes")
+        metrics = f"http://127.0.0.1:{port}/metrics"
+        assert get_status(f"http://127.0.0.1:{port}/readyz")[0] == 200
+        assert get_status(metrics)[0] == 401
+        assert get_status(metrics, "not-a-token")[0] == 401
+        status, text = get_status(metrics, tenant)
+        assert status == 403, text
+        assert f"system:serviceaccount:{ns}:tenant may not get /metrics" in text
+        allowed = eventually(
+            "the scraper's token to be allowed",  # RBAC's cache may lag the binding
+            lambda: (r := get_status(metrics, scraper))[0] == 200 and r[1],
+        )
+        assert "reservoir_build_info" in str(allowed)
+    finally:
+        cluster.kubectl("delete", "clusterrolebinding,clusterrole", reader, "--ignore-not-found")

@@ -46,6 +46,7 @@ from reservoir.sdk import (
     ClaimExistsError,
     ClaimNotFoundError,
     ClaimView,
+    ReservoirError,
     ResultView,
 )
 from reservoir.sdk.client import spec_differences
@@ -615,3 +616,54 @@ def test_a_ref_with_its_kinds_default_api_version_spelled_out_is_the_same_ref() 
     assert spec_differences(asked, stored) == []
     other = held_spec(upstream={"ref": {"name": "job2"}})
     assert [d.split(" ")[0] for d in spec_differences(other, stored)] == ["spec.upstream.ref"]
+
+
+# --- terminal escapes (issue 21) -----------------------------------------------------------
+
+
+def test_control_characters_in_a_result_or_reason_are_shown_not_sent_to_the_terminal() -> None:
+    """A result reference and a settlement reason come from a worker, a provider or a Job:
+    an escape sequence in one must not reach the terminal, nor a newline forge a line."""
+    status = consumed_status()
+    status.result = "s3://b/out\x1b]0;owned\x07\x1b[2J\nresult:  s3://forged\u202e"
+    assert status.settlement is not None
+    status.settlement.reason = "Completed\x1b[1A\r"
+    shown = show_result(ResultView.of(view_of(status)))
+    assert "\x1b" not in shown and "\x07" not in shown and "\r" not in shown
+    assert "\u202e" not in shown
+    lines = shown.split("\n")
+    assert len(lines) == 4
+    assert lines[0].startswith("branchclaim team-a/x: Consumed (Completed\\x1b[1A\\r, settled")
+    assert lines[2] == (
+        "result:  s3://b/out\\x1b]0;owned\\x07\\x1b[2J\\nresult:  s3://forged\\u202e"
+    )
+
+
+def test_the_plugin_prints_no_control_character_whatever_the_verb_shows(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last line of defence: whatever a view lays out, control characters in it are
+    escaped on the way out, its own newlines kept; an error message is escaped too."""
+    from reservoir.cli import plugin
+
+    class Sdk:
+        def __init__(self, **_: Any) -> None:
+            pass
+
+        def __enter__(self) -> Sdk:
+            return self
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+    monkeypatch.setattr(plugin, "Reservoir", Sdk)
+    monkeypatch.setattr(plugin, "run", lambda *_: "line one\x1b[31m\nline two\x9b")
+    assert plugin.main(["result", "x"]) == 0
+    assert capsys.readouterr().out == "line one\\x1b[31m\nline two\\x9b\n"
+
+    def refuse(*_: object) -> str:
+        raise ReservoirError("no claim 'x\x1b[2J'")
+
+    monkeypatch.setattr(plugin, "run", refuse)
+    assert plugin.main(["result", "x"]) == 1
+    assert capsys.readouterr().err == "error: no claim 'x\\x1b[2J'\n"

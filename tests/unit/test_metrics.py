@@ -7,6 +7,7 @@ import itertools
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
+import pytest
 from prometheus_client import REGISTRY
 
 from reservoir import metrics
@@ -114,3 +115,84 @@ def test_an_envelopes_gauges_go_with_it() -> None:
     assert [s.value for s in health] == [0]
     gauges.forget("ns", "e")
     assert all(not family.samples for family in gauges.collect())
+
+
+# --- bounded cardinality (issue 21) ---------------------------------------------------------
+
+
+def test_a_counter_stops_growing_label_sets_and_counts_the_rest_as_other(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tenants choose namespaces: past the cap, a new namespace counts under `_other`
+    (the fixed-vocabulary labels, such as the result, are kept)."""
+    monkeypatch.setattr(metrics, "MAX_SERIES_PER_METRIC", 3)
+    counter = metrics.BoundedCounter("unit_bounded_total", "test", ["namespace", "result"])
+    for n in range(10):
+        counter.labels(f"tenant-{n}", "written").inc()
+    counter.labels("tenant-0", "written").inc()  # a known one stays itself
+    counter.labels(namespace="tenant-9", result="refused").inc()
+    found = {
+        (s.labels["namespace"], s.labels["result"]): s.value
+        for family in counter.collect()
+        for s in family.samples
+        if s.name == "unit_bounded_total"
+    }
+    assert found == {
+        ("tenant-0", "written"): 2,
+        ("tenant-1", "written"): 1,
+        ("tenant-2", "written"): 1,
+        ("_other", "written"): 7,
+        ("_other", "refused"): 1,
+    }
+
+
+def snapshot(resources: int = 1, amount: str = "10") -> metrics.EnvelopeSnapshot:
+    capacity = {f"r{i:02}": Decimal(amount) for i in range(resources)}
+    return metrics.EnvelopeSnapshot(
+        workflow_class="c",
+        totals=ResourceTotals(capacity=capacity, available=capacity),
+        counts={"Tentative": 1},
+        stranded={},
+        ambiguity_deadline_seconds=60,
+    )
+
+
+def gauge_samples(gauges: metrics.EnvelopeGauges, name: str) -> dict[tuple[str, ...], float]:
+    return {
+        tuple(s.labels.values()): s.value
+        for family in gauges.collect()
+        for s in family.samples
+        if s.name == name
+    }
+
+
+def test_envelope_gauges_show_the_first_envelopes_and_sum_the_rest_as_other() -> None:
+    gauges = metrics.EnvelopeGauges(max_envelopes=2)
+    for n in range(5):
+        gauges.record("ns", f"e{n}", snapshot())
+    capacity = gauge_samples(gauges, "reservoir_envelope_capacity")
+    assert {(ns, env) for ns, env, *_ in capacity} == {("ns", "e0"), ("ns", "e1"), ("_other",) * 2}
+    assert capacity[("_other", "_other", "r00", "capacity")] == 30  # e2 + e3 + e4
+    claims = gauge_samples(gauges, "reservoir_envelope_claims")
+    assert claims[("_other", "_other", "Tentative")] == 3
+    assert {k[:2] for k in gauge_samples(gauges, "reservoir_envelope_info")} == {
+        ("ns", "e0"),
+        ("ns", "e1"),
+    }
+    gauges.forget("ns", "e0")  # its place goes to the next envelope recorded
+    gauges.record("ns", "e3", snapshot())
+    shown = {k[:2] for k in gauge_samples(gauges, "reservoir_envelope_capacity")}
+    assert shown == {("ns", "e1"), ("ns", "e3"), ("_other", "_other")}
+
+
+def test_an_envelope_with_many_resource_names_shows_the_first_and_sums_the_rest() -> None:
+    gauges = metrics.EnvelopeGauges()
+    gauges.record("ns", "wide", snapshot(resources=40, amount="1"))
+    capacity = {
+        k[2]: v
+        for k, v in gauge_samples(gauges, "reservoir_envelope_capacity").items()
+        if k[3] == "capacity"
+    }
+    assert len(capacity) == metrics.MAX_RESOURCES_PER_ENVELOPE
+    assert capacity["_other"] == 40 - (metrics.MAX_RESOURCES_PER_ENVELOPE - 1)
+    assert sum(capacity.values()) == 40

@@ -3,6 +3,7 @@ when there is nothing to log in with."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,9 +17,16 @@ from reservoir.endpoints import Health
 OPERATOR = Path(sys.executable).parent / "reservoir-operator"
 
 
-def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str, env: dict[str, str] | None = None, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [str(OPERATOR), *args], capture_output=True, text=True, timeout=60, env=env, check=False
+        [str(OPERATOR), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        check=False,
     )
 
 
@@ -33,6 +41,7 @@ def test_help_lists_every_flag_with_its_default() -> None:
     for flag, default in {
         "--namespace": "[]",
         "--metrics-port": "8080",
+        "--metrics-auth": "none",
         "--liveness": "None",
         "--peering": "None",
         "--priority": "None",
@@ -112,6 +121,39 @@ def test_the_provider_allow_list_is_checked_at_start_and_reaches_the_settings(
     assert settings.max_in_flight_per_namespace == 2 and settings.max_in_flight == 32
     monkeypatch.delenv("RESERVOIR_PROVIDER_ALLOW")
     assert not ProviderSettings.from_env().allow, "no flag: no HTTP provider at all"
+
+
+USABLE_KUBECONFIG = (
+    "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster: {server: "
+    "'https://127.0.0.1:1', insecure-skip-tls-verify: true}\nusers:\n- name: u\n"
+    "  user: {token: t}\ncontexts:\n- name: x\n  context: {cluster: c, user: u}\n"
+    "current-context: x\n"
+)
+
+
+@pytest.mark.parametrize("endpoint", ["metrics", "liveness"])
+def test_a_port_already_taken_stops_it_at_once_with_one_line(tmp_path: Path, endpoint: str) -> None:
+    """Not a start-up retried every minute with a traceback (issue 21): exit 2, one line."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(USABLE_KUBECONFIG)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(path)}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        if endpoint == "metrics":
+            flags = ["--metrics-port", str(port)]
+        else:
+            flags = ["--metrics-port", "0", "--liveness", f"http://127.0.0.1:{port}/healthz"]
+        try:
+            result = run(*flags, env=env, timeout=30)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 30 s after its {endpoint} port was found taken")
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("reservoir-operator: cannot serve ")
+    assert f"on port {port}: Address already in use" in lines[0]
 
 
 def test_peering_replicas_get_distinct_random_priorities_unless_one_is_given() -> None:

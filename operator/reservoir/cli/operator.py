@@ -7,7 +7,9 @@ import argparse
 import logging
 import os
 import random
+import socket
 import sys
+import urllib.parse
 
 import kopf
 from lightkube import AsyncClient
@@ -15,6 +17,7 @@ from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
 from reservoir import __version__, kopf_readiness
+from reservoir.endpoints import listen
 from reservoir.k8s.provider_policy import AllowList
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
@@ -41,6 +44,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=8080,
         help="serve /metrics and the readiness probe /readyz on this port; 0 disables both",
+    )
+    parser.add_argument(
+        "--metrics-auth",
+        choices=("none", "kubernetes"),
+        default="none",
+        help="who may read /metrics: anyone who reaches the port ('none'), or only a bearer "
+        "token the API server authenticates (TokenReview) and allows to get the non-resource "
+        "URL /metrics (SubjectAccessReview), as the chart sets ('kubernetes')",
     )
     parser.add_argument(
         "--liveness",
@@ -182,6 +193,23 @@ def credentials_problem() -> str | None:
     return None
 
 
+def liveness_problem(url: str) -> str | None:
+    """None if kopf can serve its liveness probe at `url`, else one line saying why not.
+    kopf binds the port itself; a port taken would otherwise surface as a traceback."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http":
+        return f"--liveness {url}: only http:// URLs are served"
+    try:
+        port = parts.port or 80
+    except ValueError as error:
+        return f"--liveness {url}: {error}"
+    try:
+        listen(port, parts.hostname or "127.0.0.1").close()
+    except OSError as error:
+        return f"cannot serve the liveness probe on port {port}: {error.strerror or error}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     logging.basicConfig(
@@ -197,7 +225,23 @@ def main(argv: list[str] | None = None) -> int:
     if problem is not None:
         print(f"reservoir-operator: {problem}", file=sys.stderr)
         return 2
-    os.environ["RESERVOIR_METRICS_PORT"] = str(args.metrics_port)
+    # The ports are taken now, not in kopf's start-up, which retries a failure every minute.
+    endpoints: socket.socket | None = None
+    if args.metrics_port:
+        try:
+            endpoints = listen(args.metrics_port)
+        except OSError as error:
+            why = error.strerror or str(error)
+            print(
+                f"reservoir-operator: cannot serve /metrics and /readyz on port "
+                f"{args.metrics_port}: {why}",
+                file=sys.stderr,
+            )
+            return 2
+    problem = liveness_problem(args.liveness) if args.liveness else None
+    if problem is not None:
+        print(f"reservoir-operator: {problem}", file=sys.stderr)
+        return 2
     os.environ["RESERVOIR_PLACEHOLDER_PRIORITY_CLASS"] = args.placeholder_priority_class
     os.environ["RESERVOIR_PROBE_NAMESPACE"] = args.namespace[0] if args.namespace else ""
     os.environ["RESERVOIR_WATCHED_NAMESPACES"] = ",".join(args.namespace or [])
@@ -223,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         peering_name=args.peering,
         priority=peering_priority(args.peering, args.priority),
         liveness_endpoint=args.liveness,
+        memo=kopf.Memo(endpoints_socket=endpoints, metrics_auth=args.metrics_auth == "kubernetes"),
     )
     return 0
 

@@ -23,6 +23,7 @@ import getpass
 import json
 import os
 import sys
+import unicodedata
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -76,6 +77,21 @@ def table(rows: list[list[str]]) -> str:
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
         for row in rows
     )
+
+
+def visible(text: str, *, keep_newlines: bool = False) -> str:
+    """The text with every control character shown as an escape (`\\x1b`, `\\u202e`):
+    a result reference or a reason comes from a worker, a provider or a Job, and printed raw
+    an escape sequence would drive the reader's terminal (move the cursor, rewrite what was
+    printed, set the window title) and a bidirectional override would reorder the line.
+    Newlines are kept only in text this plugin laid out itself."""
+    shown = []
+    for char in text:
+        if (char == "\n" and keep_newlines) or unicodedata.category(char) not in ("Cc", "Cf"):
+            shown.append(char)
+        else:
+            shown.append(char.encode("unicode_escape").decode("ascii"))
+    return "".join(shown)
 
 
 def default_holder() -> str:
@@ -138,7 +154,7 @@ def settled_amounts(consumed: Mapping[str, Decimal], released: Mapping[str, Deci
 def show_result(view: ResultView) -> str:
     """What became of a claim: its phase, outcome and result reference, C and R − C."""
     if view.settled:
-        settled = f"{view.reason or '-'}, settled {timestamp(view.settled_at)}"
+        settled = f"{visible(view.reason or '-')}, settled {timestamp(view.settled_at)}"
         outcome = view.outcome.value if view.outcome else "none reported"
         amounts = settled_amounts(view.consumed, view.released)
     else:
@@ -148,7 +164,7 @@ def show_result(view: ResultView) -> str:
     lines = [
         f"branchclaim {view.namespace}/{view.name}: {view.phase.value} ({settled})",
         f"outcome: {outcome}",
-        f"result:  {view.result or '- (none recorded)'}",
+        f"result:  {visible(view.result or '- (none recorded)')}",
         f"amounts: {amounts}",
     ]
     if view.adjustment is not None:
@@ -601,12 +617,14 @@ def main(argv: list[str] | None = None) -> int:
             kubeconfig=args.kubeconfig,
             holder=args.holder or default_holder(),
         ) as sdk:
-            print(run(args, sdk))
+            # Fields from tenants' workers and providers are escaped where they are
+            # shown; this catches any other control character before the terminal does.
+            print(visible(run(args, sdk), keep_newlines=True))
     except (ReservoirError, QuantityError, TimeoutError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {visible(str(error))}", file=sys.stderr)
         return 1
     except ApiError as error:
-        print(f"error: {error.status.message}", file=sys.stderr)
+        print(f"error: {visible(str(error.status.message))}", file=sys.stderr)
         return 1
     return 0
 

@@ -9,7 +9,7 @@ from typing import Any
 import kopf
 
 from reservoir.k8s.devices import CLAIM_UID_LABEL, PLACEHOLDER_LABEL
-from reservoir.k8s.resources import ENVELOPE_LABEL
+from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL
 from reservoir.services import Services
 
 
@@ -32,7 +32,10 @@ async def allocation_changed(
     _wake(labels, namespace, memo)
 
 
-@kopf.on.event("", "v1", "pods", labels={PLACEHOLDER_LABEL: kopf.PRESENT})
+# Placeholders carry the claim label too: the pods' server-side selector (see startup).
+@kopf.on.event(
+    "", "v1", "pods", labels={PLACEHOLDER_LABEL: kopf.PRESENT, CLAIM_LABEL: kopf.PRESENT}
+)
 async def placeholder_changed(
     labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import kopf
 
 from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.k8s.devices import PLACEHOLDER_LABEL
 from reservoir.k8s.resources import CLAIM_LABEL
 from reservoir.services import Services
 
@@ -21,7 +22,11 @@ async def envelope_of_claim(
     return {(namespace, name): spec.get("envelope", "")}
 
 
-@kopf.on.event("", "v1", "pods", labels={CLAIM_LABEL: kopf.PRESENT})
+WORKLOAD = {CLAIM_LABEL: kopf.PRESENT, PLACEHOLDER_LABEL: kopf.ABSENT}
+
+
+# Placeholders carry the claim label too (one server-side selector for both: see startup).
+@kopf.on.event("", "v1", "pods", labels=WORKLOAD)
 async def workload_pod_changed(
     labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **kwargs: Any
 ) -> None:

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Iterable
 from typing import Any
 
 import kopf
 
+from reservoir import kopf_watch
 from reservoir.endpoints import serve, watch_api
 from reservoir.k8s.claim_source import WatchedClaims
-from reservoir.k8s.resources import FINALIZER
+from reservoir.k8s.devices import CLAIM_UID_LABEL
+from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, FINALIZER
+from reservoir.metrics_auth import MetricsAuth
 from reservoir.services import Services
 
 
@@ -30,6 +32,19 @@ class EssenceWithoutStatus(kopf.AnnotationsDiffBaseStorage):
         return super().build(body=essential, extra_fields=extra_fields)
 
 
+# Server-side label selectors for the kinds the operator watches but does not own: the API
+# server sends only these objects, so other tenants' pods, Jobs, Leases and ResourceClaims
+# never reach the operator (not only filtered out by its handlers). Every handler and
+# index of each kind asks for at least these labels; placeholder pods carry the claim label
+# too (see k8s/devices.py).
+WATCH_LABEL_SELECTORS: dict[tuple[str, str, str], str] = {
+    ("", "v1", "pods"): CLAIM_LABEL,
+    ("batch", "v1", "jobs"): ENVELOPE_LABEL,
+    ("coordination.k8s.io", "v1", "leases"): ENVELOPE_LABEL,
+    ("resource.k8s.io", "v1", "resourceclaims"): f"{CLAIM_UID_LABEL},{ENVELOPE_LABEL}",
+}
+
+
 @kopf.on.startup()
 async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     # Our status fields belong to the ledger: kopf keeps its own bookkeeping in annotations.
@@ -42,7 +57,12 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # errors (a deletion waiting for settlement, say) become Events too.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    for resource, selector in WATCH_LABEL_SELECTORS.items():
+        settings.watching.label_selectors[resource] = selector
     memo.services = services = Services.build()
+    # Before kopf starts its watchers: an object none can decode is set aside, a watcher
+    # that fails is started again, and /readyz says so meanwhile (see the module).
+    memo.set_aside = kopf_watch.apply(services.health, settings)
     # The ledger writers read claims and Leases from the watch-fed indexes (kopf fills them
     # before any daemon starts), confirming with a GET what a stale copy could change.
     # (kopf passes each index by its handler's name.)
@@ -50,9 +70,10 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         kwargs["claims_by_envelope"], kwargs["leases_by_envelope"]
     )
     services.writer.children = kwargs["envelopes_by_parent"]
-    port = int(os.environ.get("RESERVOIR_METRICS_PORT", "0"))
-    if port:
-        memo.endpoints = await serve(port, services.health)
+    listening = memo.get("endpoints_socket")  # bound by the command line, before kopf ran
+    if listening is not None:
+        auth = MetricsAuth(services.client) if memo.get("metrics_auth") else None
+        memo.endpoints = await serve(listening, services.health, auth)
     memo.api_watch = asyncio.create_task(watch_api(services.health, services.probe_api))
     services.health.started = True
 

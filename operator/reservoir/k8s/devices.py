@@ -23,7 +23,7 @@ from lightkube.types import PatchType
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.model import API_GROUP, API_VERSION, DEVICE_CLASSES
 from reservoir.k8s import facts as read
-from reservoir.k8s.resources import ENVELOPE_LABEL, HAND_OFF_GATE
+from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, HAND_OFF_GATE
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,10 @@ ResourceClaim = create_namespaced_resource(
     "resource.k8s.io", "v1", "ResourceClaim", "resourceclaims"
 )
 CLAIM_UID_LABEL = f"{API_GROUP}/claim-uid"
-PLACEHOLDER_LABEL = f"{API_GROUP}/placeholder-for"  # never the workload label: not a workload
+# A placeholder carries the workload label too, so that one server-side selector on it
+# brings both kinds of pods to the operator's single watch of pods (label selectors cannot
+# say "this label or that"); everything that looks for workload pods excludes this label.
+PLACEHOLDER_LABEL = f"{API_GROUP}/placeholder-for"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
 REQUEST_PREFIX = "dev"  # device request names in the ResourceClaim: dev-0, dev-1, ...
 
@@ -107,7 +110,8 @@ def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> di
     uid = claim["metadata"]["uid"]
     hints = claim["spec"].get("placement") or {}
     meta = _meta(claim, placeholder_name(uid))
-    meta["labels"][PLACEHOLDER_LABEL] = claim["metadata"]["name"][:63].rstrip("-_.") or "claim"
+    label = claim["metadata"]["name"][:63].rstrip("-_.") or "claim"
+    meta["labels"][PLACEHOLDER_LABEL] = meta["labels"][CLAIM_LABEL] = label
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,

@@ -22,6 +22,7 @@ from typing import Any, NoReturn, Protocol
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
+from lightkube.operators import not_exists
 from lightkube.resources.coordination_v1 import Lease
 from lightkube.resources.core_v1 import Pod
 from lightkube.types import PatchType
@@ -62,7 +63,7 @@ from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
 from reservoir.k8s.claim_source import ClaimSource, ListedClaims, WatchedClaims, forget_older
 from reservoir.k8s.clock import utcnow
-from reservoir.k8s.devices import DeviceHolder
+from reservoir.k8s.devices import PLACEHOLDER_LABEL, DeviceHolder
 from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
@@ -789,7 +790,8 @@ class LedgerWriter:
         ):
             return {}
         pods: dict[str, list[Mapping[str, Any]]] = {}
-        async for pod in self.client.list(Pod, namespace=namespace, labels={CLAIM_LABEL: None}):
+        workloads: dict[str, Any] = {CLAIM_LABEL: None, PLACEHOLDER_LABEL: not_exists()}
+        async for pod in self.client.list(Pod, namespace=namespace, labels=workloads):
             body = pod.to_dict()
             pods.setdefault(body["metadata"]["labels"][CLAIM_LABEL], []).append(body)
         return pods

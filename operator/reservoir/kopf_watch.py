@@ -1,0 +1,221 @@
+"""kopf's watches, made to survive what they cannot read and to say when they are down.
+
+kopf lists and then watches each kind with one task per kind (cluster-wide: one for every
+namespace). Two things stopped all of it for every tenant (issue 21):
+
+- An object its JSON decoder refuses (one nested 2,000 levels deep raises RecursionError)
+  failed the whole LIST response or the watch line, the task died, and kopf never starts
+  a dead watcher again: its indexes never became ready and every ledger froze, while the
+  operator still answered "ready". `apply` puts `undecodable.decode_list` and
+  `decode_event` where kopf decodes a list and a watch line (its `fetching` module's
+  `api.get`, and `api.stream`'s `json.loads`): such an object is set aside (a log line and
+  a Warning Event naming it, and on this operator's own kinds an `Undecodable` condition
+  written by a merge patch of its status, whose answer is never decoded) and the others
+  are served.
+- Any other failure of a watcher (a line that is not JSON, a framework error) still ends
+  its task: `apply` wraps kopf's watcher so that it is started again (backing off up to a
+  minute), and /readyz says "not ready" from its failure until its list is complete again.
+
+These are kopf internals (1.45: `_cogs.clients.api`, `fetching`, `watching`,
+`_core.reactor.queueing`); `tests/unit/test_kopf_watch.py` fails if they move.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import types
+import urllib.parse
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+from typing import Any
+
+from kopf._cogs.clients import api, fetching, watching
+from kopf._cogs.configs.configuration import OperatorSettings
+from kopf._core.reactor import queueing
+
+from reservoir import metrics
+from reservoir.core.model import API_GROUP
+from reservoir.endpoints import Health
+from reservoir.undecodable import SetAside, decode_event, decode_list
+
+logger = logging.getLogger(__name__)
+
+CONDITION = "Undecodable"
+# This operator's kinds, whose status it writes: the set-aside condition goes there too.
+OWN_PLURALS = {
+    "BranchClaim": "branchclaims",
+    "ReservationEnvelope": "reservationenvelopes",
+    "ReservationPool": "reservationpools",
+}
+MAX_BACKOFF_SECONDS = 60.0
+
+_ORIGINAL_WATCHER = queueing.watcher
+_ORIGINAL_INFINITE_WATCH = watching.infinite_watch
+
+
+class SetAsideReporter:
+    """Says once per object version (uid and generation) that it was set aside: a log
+    line at once, then a Warning Event and, on this operator's kinds, a condition."""
+
+    def __init__(self, settings: OperatorSettings) -> None:
+        self.settings = settings
+        self.reported: set[tuple[str, int | None]] = set()
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, found: SetAside) -> None:
+        key = (found.uid or f"{found.namespace}/{found.name}", found.generation)
+        if key in self.reported:
+            return
+        if len(self.reported) > 10_000:  # bounded, whatever tenants store
+            self.reported.clear()
+        self.reported.add(key)
+        metrics.objects_set_aside.labels(found.kind[:64]).inc()
+        where = f"{found.namespace}/{found.name}" if found.namespace else found.name
+        logger.error(
+            "set aside %s %s (uid %s, resourceVersion %s): %s; the rest are served",
+            found.kind,
+            where,
+            found.uid,
+            found.resource_version,
+            found.why,
+        )
+        task = asyncio.get_running_loop().create_task(self.announce(found))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def message(self, found: SetAside) -> str:
+        return (
+            f"The operator cannot decode this {found.kind} ({found.why}) and has set it "
+            f"aside: it is not served until it is changed to a readable form or deleted."
+        )
+
+    async def announce(self, found: SetAside) -> None:
+        try:
+            if found.namespace:
+                await self.post_event(found)
+            group = found.api_version.partition("/")[0]
+            plural = OWN_PLURALS.get(found.kind)
+            if group == API_GROUP and plural is not None:
+                await self.write_condition(found, plural)
+        except Exception as error:  # announcing is best effort; the log line is written
+            logger.warning(
+                "could not announce the set-aside %s %s: %r", found.kind, found.name, error
+            )
+
+    async def post_event(self, found: SetAside) -> None:
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        namespace = urllib.parse.quote(found.namespace, safe="")
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": "reservoir-undecodable-", "namespace": found.namespace},
+            "involvedObject": {
+                "apiVersion": found.api_version,
+                "kind": found.kind,
+                "name": found.name,
+                "namespace": found.namespace,
+                "uid": found.uid,
+            },
+            "type": "Warning",
+            "reason": CONDITION,
+            "message": self.message(found)[:1024],
+            "source": {"component": "reservoir-operator"},
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        response = await api.request(
+            "post",
+            f"/api/v1/namespaces/{namespace}/events",
+            payload=event,
+            settings=self.settings,
+            logger=logger,
+        )
+        response.close()
+
+    async def write_condition(self, found: SetAside, plural: str) -> None:
+        """A merge patch of the status: the object is never read, nor is the answer (the
+        whole object again) decoded."""
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        condition: dict[str, str | int] = {
+            "type": CONDITION,
+            "status": "True",
+            "reason": "SetAside",
+            "message": self.message(found)[:1024],
+            "lastTransitionTime": now,
+        }
+        if found.generation is not None:
+            condition["observedGeneration"] = found.generation
+        name = urllib.parse.quote(found.name, safe="")
+        where = f"namespaces/{urllib.parse.quote(found.namespace, safe='')}/" * bool(
+            found.namespace
+        )
+        response = await api.request(
+            "patch",
+            f"/apis/{found.api_version}/{where}{plural}/{name}/status",
+            payload={"status": {"conditions": [condition]}},
+            headers={"Content-Type": "application/merge-patch+json"},
+            settings=self.settings,
+            logger=logger,
+        )
+        response.close()
+
+
+def _kind(resource: Any) -> str:
+    return f"{resource.plural}.{resource.group or 'core'}"
+
+
+def _what(resource: Any, namespace: str | None) -> str:
+    return f"{_kind(resource)} {f'in {namespace}' if namespace else 'cluster-wide'}"
+
+
+def apply(health: Health, settings: OperatorSettings) -> SetAsideReporter:
+    """Install the tolerant decoders and the restarting watcher into kopf. Called at
+    start-up, before kopf starts its watchers."""
+    report = SetAsideReporter(settings)
+
+    async def get_tolerantly(url: str, **kwargs: Any) -> Any:
+        """kopf's `api.get`, for its LIST requests, with `decode_list` as the decoder."""
+        response = await api.request("get", url, **kwargs)
+        async with response:
+            body = await response.text()
+        return decode_list(body, report)
+
+    # kopf's `fetching` uses only `api.get`; its `api` uses `json` only for watch lines.
+    fetching.api = types.SimpleNamespace(get=get_tolerantly)  # type: ignore[attr-defined,assignment]
+    api.json = types.SimpleNamespace(  # type: ignore[attr-defined,assignment]
+        loads=lambda line: decode_event(line, report), dumps=json.dumps
+    )
+
+    async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        """kopf's watch stream; a complete list means this watch is up (again)."""
+        what = _what(kwargs["resource"], kwargs["namespace"])
+        received = metrics.watch_events.labels(_kind(kwargs["resource"]))
+        async for event in _ORIGINAL_INFINITE_WATCH(**kwargs):
+            if event is watching.Bookmark.LISTED:
+                health.watch_up(what)
+            elif isinstance(event, dict) and event.get("type") != "BOOKMARK":
+                received.inc()
+            yield event
+
+    async def watcher(**kwargs: Any) -> None:
+        """kopf's watcher, started again whenever it fails; down on /readyz meanwhile."""
+        what = _what(kwargs["resource"], kwargs["namespace"])
+        backoff = 1.0
+        while True:
+            try:
+                await _ORIGINAL_WATCHER(**kwargs)
+                return
+            except asyncio.CancelledError:
+                raise
+            except Exception as error:
+                health.watch_down(what, f"{type(error).__name__}: {error}"[:200])
+                logger.exception("the watch of %s failed; restarting it in %.0fs", what, backoff)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
+
+    watching.infinite_watch = infinite_watch
+    queueing.watcher = watcher
+    return report

@@ -1,0 +1,58 @@
+"""The server-side label selectors of the watched kinds the operator does not own
+(issue 21): other tenants' pods, Jobs, Leases and ResourceClaims are not sent to it. A
+selector must never hide an object a handler asks for: every handler and index of such
+a kind requires (at least) the selector's labels."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+from kopf._core.intents import registries
+
+import reservoir.handlers  # noqa: F401  (registers the handlers)
+from reservoir.handlers.startup import WATCH_LABEL_SELECTORS
+from reservoir.k8s.devices import placeholder_spec
+from reservoir.k8s.resources import CLAIM_LABEL
+
+
+def handlers_of(group: str, version: str, plural: str) -> list[Any]:
+    registry = registries.get_default_registry()
+    found = []
+    for part in (registry._indexing, registry._watching, registry._spawning, registry._changing):
+        for handler in part.get_all_handlers():
+            selector = handler.selector
+            if (
+                selector is not None
+                and (selector.group, selector.version) == (group, version)
+                and plural in (selector.plural, selector.any_name)
+            ):
+                found.append(handler)
+    return found
+
+
+def test_every_watched_foreign_kind_has_a_selector_its_handlers_all_require() -> None:
+    assert set(WATCH_LABEL_SELECTORS) == {
+        ("", "v1", "pods"),
+        ("batch", "v1", "jobs"),
+        ("coordination.k8s.io", "v1", "leases"),
+        ("resource.k8s.io", "v1", "resourceclaims"),
+    }
+    for (group, version, plural), selector in WATCH_LABEL_SELECTORS.items():
+        handlers = handlers_of(group, version, plural)
+        assert handlers, plural
+        for handler in handlers:
+            labels = handler.labels or {}
+            for key in selector.split(","):
+                assert key in labels, (plural, handler.id, key)
+                assert labels[key] is not kopf.ABSENT, (plural, handler.id, key)
+
+
+def test_a_placeholder_pod_carries_the_label_the_pods_watch_selects() -> None:
+    claim = {
+        "metadata": {"name": "c1", "namespace": "t", "uid": "u-1"},
+        "spec": {"envelope": "wf", "requests": {"nvidia.com/gpu": "1"}},
+    }
+    pod = placeholder_spec(claim, None)
+    assert pod["metadata"]["labels"][CLAIM_LABEL] == "c1"
+    assert WATCH_LABEL_SELECTORS["", "v1", "pods"] == CLAIM_LABEL
