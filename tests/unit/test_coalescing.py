@@ -290,6 +290,7 @@ class World:
             gated=stage == 0,
             gated_pod=name if stage == 0 else None,
             uids=frozenset({name}),
+            gated_uids=frozenset({name}) if stage == 0 else frozenset(),
         )
         self.claims[uid] = replace(self.claims[uid], pod=pod)
 

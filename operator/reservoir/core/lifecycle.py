@@ -86,6 +86,9 @@ class PodFacts:
     gated: bool = False  # one still waits behind the hand-off gate for the claim's devices
     gated_pod: str | None = None  # the UID of that pod (the oldest, if several wait)
     uids: frozenset[str] = frozenset()  # the UIDs of the claim's workload pods that exist
+    # The UIDs of those still behind the gate. A gate is never added back once removed, so
+    # a pod seen gated has never been bound: it has not run, whenever the operator looks.
+    gated_uids: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -402,7 +405,16 @@ def expire_lease(step: Step) -> None:
     entry = step.entry
     if entry.expires_at is None or step.now < entry.expires_at:
         return
-    if entry.phase is ClaimPhase.TENTATIVE:
+    if entry.phase.committed and gate_never_lifted(entry, step.facts):
+        settle(
+            step,
+            ClaimPhase.EXPIRED,
+            GATE_NEVER_LIFTED,
+            message="lease lapsed while the workload pod still waited behind the hand-off "
+            "gate: it never ran; R returned, and its gate is not lifted any more",
+            trigger=Trigger.CLOCK,
+        )
+    elif entry.phase is ClaimPhase.TENTATIVE:
         settle(
             step,
             ClaimPhase.EXPIRED,
@@ -419,6 +431,32 @@ def expire_lease(step: Step) -> None:
             "final report, the provider's answer or the ambiguity deadline",
             Trigger.CLOCK,
         )
+
+
+GATE_NEVER_LIFTED = "GateNeverLifted"
+
+
+def gate_never_lifted(entry: LedgerEntry, facts: ClaimFacts) -> bool:
+    """The claim is committed only by its hand-off, and the pod it was handed to is still
+    behind the gate: that pod has never been bound (a gate is never added back), and
+    nothing else shows that the branch ran. Read when the lease lapses: the operator lifts
+    no gate after that, so the pod never runs on this claim (issue 21 §3.5: a failed lift,
+    or a restart between the ledger write and the lift, left it gated for good)."""
+    pod = facts.pod
+    if entry.handed_off_at is None or entry.handed_off_to is None or pod is None:
+        return False
+    if entry.handed_off_to not in pod.gated_uids or pod.scheduled or pod.running:
+        return False
+    ran = entry.started_at is not None or bool(positive(entry.usage))
+    return not ran and not may_have_run(facts)
+
+
+def never_ran(entry: LedgerEntry) -> bool:
+    """Settled without ever passing its commit point, or committed only by a hand-off
+    whose pod never left the gate."""
+    settled = entry.settlement
+    withdrawn = settled is not None and settled.reason == GATE_NEVER_LIFTED
+    return entry.committed_at is None or withdrawn
 
 
 def hand_off(step: Step) -> None:
@@ -670,8 +708,8 @@ def record_after_settlement(step: Step) -> None:
     spec = facts.spec
     settled = entry.settlement
     assert settled is not None
-    never_ran = entry.committed_at is None
-    if spec.dispatch and never_ran and not entry.dispatch_fenced:
+    not_run = never_ran(entry)
+    if spec.dispatch and not_run and not entry.dispatch_fenced:
         entry.dispatch_fenced = True
         step.note(
             "DispatchRefused",
@@ -679,7 +717,7 @@ def record_after_settlement(step: Step) -> None:
             "create a new claim (new attempt) instead",
             warning=True,
         )
-    if facts.cancelling and not never_ran and not entry.cancel_requested:
+    if facts.cancelling and not not_run and not entry.cancel_requested:
         # A cancel asked after the commit point is recorded whenever it comes: before the
         # final report, with it, or after it (found by the tree audit: one look or two
         # must record the same). Nothing moves: the claim has settled.
@@ -688,7 +726,7 @@ def record_after_settlement(step: Step) -> None:
             step.note("CancelRequested", "cancel requested after settlement: recorded")
     pod = facts.pod
     pod_started = pod is not None and (pod.scheduled or pod.running)
-    if pod_started and never_ran and not entry.pod_started_late:
+    if pod_started and not_run and not entry.pod_started_late:
         entry.pod_started_late = True
         step.note(
             "PodStartedAfterSettlement",
