@@ -90,6 +90,12 @@ class PodFacts:
     # a pod seen gated has never been bound: it has not run, whenever the operator looks.
     gated_uids: frozenset[str] = frozenset()
 
+    @property
+    def may_still_start(self) -> bool:
+        """A pod exists that has not run and nothing holds back: the scheduler may bind it
+        and the kubelet start it between any two looks of the operator."""
+        return not self.running and bool(self.uids - self.gated_uids)
+
 
 @dataclass(frozen=True)
 class ClaimFacts:
@@ -520,6 +526,18 @@ def advance_tentative(step: Step) -> None:
     elif spec.final:
         # A final report without any usage on a claim never dispatched: it did not run.
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
+    elif facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
+        # A workload pod that may still bind and start: the cancel cannot confirm that the
+        # branch never runs (child-settlement.txt), so R stays held until the pod runs (a
+        # commit) or goes without running. Returning R here made the settlement depend on
+        # whether the operator saw the pod before it ran (issue 21 §3.9).
+        if not entry.cancel_requested:
+            entry.cancel_requested = True
+            step.note(
+                "CancelRequested",
+                "cancel requested while a workload pod of the claim may still start: "
+                "capacity held until the pod runs (then its usage settles it) or is gone",
+            )
     elif facts.cancelling:
         reason = "Deleted" if facts.deleting else "Cancelled"
         settle(
