@@ -492,9 +492,48 @@ writes = st.one_of(
     st.builds(Write, st.sampled_from(["lift_fails", "lift_works"]), claim_ids),
 )
 
+# Pod commit points and hand-offs, drawn densely (issue 21 §3.5 and §3.9 hid in the broad
+# histories above): two claims whose commit point is their pod or whose devices are handed
+# to one, and mostly the writes about pods, gates, prunes and leases.
+pod_claim_ids = st.integers(0, 1)
+pod_allocations = st.builds(
+    Write, st.just("allocate"), pod_claim_ids, st.tuples(st.just(0), st.just(True))
+)
+pod_creates = st.builds(
+    Write,
+    st.just("create"),
+    pod_claim_ids,
+    st.tuples(
+        st.integers(0, 40),
+        st.just(0),
+        st.booleans(),
+        st.just(0),
+        st.sampled_from(["Dispatch", "PodScheduled", "PodRunning", "PodRunning"]),
+        st.sampled_from([0, 0, 2]),
+    ),
+)
+pod_writes = st.one_of(
+    pod_creates,
+    st.builds(Write, st.sampled_from(["cancel", "cancel", "delete"]), pod_claim_ids),
+    st.builds(Write, st.just("usage"), pod_claim_ids, st.integers(0, 10)),
+    st.builds(Write, st.just("finish"), pod_claim_ids, st.just("Succeeded")),
+    st.builds(Write, st.just("heartbeat"), pod_claim_ids, st.integers(0, 3)),
+    st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
+    st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
+    pod_allocations,
+    st.builds(Write, st.just("gated"), pod_claim_ids),
+    st.builds(Write, st.sampled_from(["lift_fails", "lift_fails", "lift_works"]), pod_claim_ids),
+    st.builds(Write, st.sampled_from(["pod_gone", "release", "lose"]), pod_claim_ids),
+)
+
 
 @st.composite
-def histories(draw: st.DrawFn) -> History:
+def histories(
+    draw: st.DrawFn,
+    claim_writes: st.SearchStrategy[Write] = writes,
+    claim_creates: st.SearchStrategy[Write] = creates,
+    claims: int = MAX_CLAIMS,
+) -> History:
     lease = draw(st.integers(5, 40))
     policy = EnvelopePolicy(
         default_lease_seconds=lease,
@@ -518,13 +557,13 @@ def histories(draw: st.DrawFn) -> History:
     )
     instants = draw(
         st.lists(
-            st.tuples(st.integers(0, 30), st.lists(writes, min_size=1, max_size=7)),
+            st.tuples(st.integers(0, 30), st.lists(claim_writes, min_size=1, max_size=7)),
             min_size=2,
             max_size=8,
         )
     )
     # Claims to write about from the start (more are created later).
-    first = draw(st.lists(creates, min_size=1, max_size=MAX_CLAIMS))
+    first = draw(st.lists(claim_creates, min_size=1, max_size=claims))
     return History(envelope, [(0, first), *instants])
 
 
@@ -535,6 +574,21 @@ def histories(draw: st.DrawFn) -> History:
 )
 @given(history=histories(), data=st.data())
 def test_settlement_does_not_depend_on_which_intermediate_states_the_operator_saw(
+    history: History, data: st.DataObject
+) -> None:
+    def sees(count: int) -> set[int]:
+        return data.draw(st.sets(st.integers(1, count)), label="coalesced run sees")
+
+    play(history, sees)
+
+
+@settings(
+    max_examples=int(os.environ.get("RESERVOIR_AUDIT_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(history=histories(pod_writes, pod_creates, 2), data=st.data())
+def test_pod_commit_points_and_hand_offs_settle_alike_however_seen(
     history: History, data: st.DataObject
 ) -> None:
     def sees(count: int) -> set[int]:
