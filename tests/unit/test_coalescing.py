@@ -514,16 +514,20 @@ pod_creates = st.builds(
 )
 pod_writes = st.one_of(
     pod_creates,
-    st.builds(Write, st.sampled_from(["cancel", "cancel", "delete"]), pod_claim_ids),
+    st.builds(Write, st.sampled_from(["cancel", "cancel", "cancel", "delete"]), pod_claim_ids),
     st.builds(Write, st.just("usage"), pod_claim_ids, st.integers(0, 10)),
     st.builds(Write, st.just("finish"), pod_claim_ids, st.just("Succeeded")),
     st.builds(Write, st.just("heartbeat"), pod_claim_ids, st.integers(0, 3)),
     st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
     st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
+    st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
+    pod_allocations,
     pod_allocations,
     st.builds(Write, st.just("gated"), pod_claim_ids),
-    st.builds(Write, st.sampled_from(["lift_fails", "lift_fails", "lift_works"]), pod_claim_ids),
-    st.builds(Write, st.sampled_from(["pod_gone", "release", "lose"]), pod_claim_ids),
+    st.builds(Write, st.just("gated"), pod_claim_ids),
+    st.builds(Write, st.just("lift_fails"), pod_claim_ids),
+    st.builds(Write, st.just("lift_fails"), pod_claim_ids),
+    st.builds(Write, st.sampled_from(["lift_works", "pod_gone", "release", "lose"]), pod_claim_ids),
 )
 
 
