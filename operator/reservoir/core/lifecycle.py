@@ -10,7 +10,9 @@
                                           Released ◀── deadline: Release ─────┘
 
 Capacity returns only on confirmed facts: durable non-execution (cancel before the commit
-point, lease lapse before it), a final usage report, or a recorded deadline decision.
+point with no workload pod that may still start, lease lapse before it or while the pod
+handed the devices still waits behind its gate), a final usage report, or a recorded
+deadline decision.
 Cancel after the commit point is a request, not a release. Terminal states are final: a
 later report is recorded as late and never reopens the settlement.
 
