@@ -451,6 +451,7 @@ def compare(a: Run, b: Run) -> int:
 # --- the histories ---------------------------------------------------------------------
 
 claim_ids = st.integers(0, MAX_CLAIMS - 1)
+seconds = st.integers(0, 30)  # between two instants
 allocations = st.builds(
     Write,
     st.just("allocate"),
@@ -512,23 +513,39 @@ pod_creates = st.builds(
         st.sampled_from([0, 0, 2]),
     ),
 )
-pod_writes = st.one_of(
-    pod_creates,
-    st.builds(Write, st.sampled_from(["cancel", "cancel", "cancel", "delete"]), pod_claim_ids),
-    st.builds(Write, st.just("usage"), pod_claim_ids, st.integers(0, 10)),
-    st.builds(Write, st.just("finish"), pod_claim_ids, st.just("Succeeded")),
-    st.builds(Write, st.just("heartbeat"), pod_claim_ids, st.integers(0, 3)),
-    st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
-    st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
-    st.builds(Write, st.just("pod"), pod_claim_ids, st.integers(1, 2)),
-    pod_allocations,
-    pod_allocations,
-    st.builds(Write, st.just("gated"), pod_claim_ids),
-    st.builds(Write, st.just("gated"), pod_claim_ids),
-    st.builds(Write, st.just("lift_fails"), pod_claim_ids),
-    st.builds(Write, st.just("lift_fails"), pod_claim_ids),
-    st.builds(Write, st.sampled_from(["lift_works", "pod_gone", "release", "lose"]), pod_claim_ids),
-)
+# Mostly short steps (a claim lives through several instants), now and then a lease or a
+# deadline's worth.
+pod_ticks = st.sampled_from([0, 1, 1, 2, 3, 45, 70])
+POD_KINDS = [
+    *["cancel"] * 3,
+    "delete",
+    "usage",
+    "finish",
+    "heartbeat",
+    *["pod"] * 4,
+    *["allocate"] * 2,
+    *["gated"] * 2,
+    *["lift_fails"] * 2,
+    "lift_works",
+    "pod_gone",
+    "release",
+    "lose",
+    "create",
+]
+
+
+@st.composite
+def pod_write(draw: st.DrawFn) -> Write:
+    kind = draw(st.sampled_from(POD_KINDS))
+    if kind == "create":
+        return draw(pod_creates)
+    if kind == "allocate":
+        return draw(pod_allocations)
+    arg = {"usage": st.integers(0, 10), "pod": st.integers(1, 2), "heartbeat": st.integers(0, 3)}
+    return Write(kind, draw(pod_claim_ids), draw(arg.get(kind, st.just("Succeeded"))))
+
+
+pod_writes = pod_write()
 
 
 @st.composite
@@ -537,6 +554,7 @@ def histories(
     claim_writes: st.SearchStrategy[Write] = writes,
     claim_creates: st.SearchStrategy[Write] = creates,
     claims: int = MAX_CLAIMS,
+    ticks: st.SearchStrategy[int] = seconds,
 ) -> History:
     lease = draw(st.integers(5, 40))
     policy = EnvelopePolicy(
@@ -561,7 +579,7 @@ def histories(
     )
     instants = draw(
         st.lists(
-            st.tuples(st.integers(0, 30), st.lists(claim_writes, min_size=1, max_size=7)),
+            st.tuples(ticks, st.lists(claim_writes, min_size=1, max_size=7)),
             min_size=2,
             max_size=8,
         )
@@ -591,7 +609,7 @@ def test_settlement_does_not_depend_on_which_intermediate_states_the_operator_sa
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-@given(history=histories(pod_writes, pod_creates, 2), data=st.data())
+@given(history=histories(pod_writes, pod_creates, 2, pod_ticks), data=st.data())
 def test_pod_commit_points_and_hand_offs_settle_alike_however_seen(
     history: History, data: st.DataObject
 ) -> None:
