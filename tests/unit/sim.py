@@ -88,6 +88,7 @@ class Sim:
             gated=gated,
             gated_pod=uid if gated else None,
             uids=frozenset({uid}),
+            gated_uids=frozenset({uid}) if gated else frozenset(),
         )
         self.claims[name] = replace(self.claims[name], pod=pod)
         return self

@@ -109,3 +109,43 @@ def test_the_placeholder_goes_only_once_the_workload_pod_is_bound_and_reserved()
     assert not _held_by_workload(rc, [stranger])
     assert _held_by_workload(rc, [bound])
     assert not _held_by_workload({"status": {"reservedFor": [{"uid": "w"}]}}, [bound])
+
+
+class PatchClient:
+    """Answers a pod patch with the given status code (200: accepted)."""
+
+    def __init__(self, code: int) -> None:
+        self.code, self.patched = code, 0
+
+    async def patch(self, *_: object, **__: object) -> None:
+        from lightkube import ApiError
+        from lightkube.models.meta_v1 import Status
+
+        self.patched += 1
+        if self.code != 200:
+            raise ApiError(status=Status(code=self.code, message="refused (fake)"))
+
+
+def test_sync_says_whether_every_recorded_hand_off_gate_is_lifted() -> None:
+    """Issue 21 §3.5: a failed lift was only logged, and nothing brought the writer back
+    before the lease lapsed. Now sync says so and the writer comes back soon."""
+    import asyncio
+    from typing import Any
+
+    from reservoir.k8s.devices import DeviceHolder
+    from reservoir.k8s.resources import HAND_OFF_GATE
+
+    def gated(gates: list[str]) -> dict[str, Any]:
+        meta = {"name": "w", "namespace": "t", "uid": "w"}
+        return {"metadata": meta, "spec": {"schedulingGates": [{"name": g} for g in gates]}}
+
+    def sync(code: int, pod: dict[str, Any]) -> tuple[bool, int]:
+        client = PatchClient(code)
+        holder = DeviceHolder(client, None)  # type: ignore[arg-type]
+        lifted = asyncio.run(holder.sync({}, {}, {}, {}, {"c": [pod]}))
+        return lifted, client.patched
+
+    assert sync(500, gated([HAND_OFF_GATE])) == (False, 1)
+    assert sync(200, gated([HAND_OFF_GATE])) == (True, 1)
+    assert sync(404, gated([HAND_OFF_GATE])) == (True, 1), "a pod gone has no gate to lift"
+    assert sync(500, gated(["someone-else"])) == (True, 0), "nothing of ours to lift"

@@ -20,10 +20,19 @@ fits first depends on what the operator saw), and so may a claim's event history
 each run, no recorded fact is ever lost (usage only grows, a commit stays, a settlement
 never changes, also across compaction).
 
-The one exception the API server cannot order yet: for a claim whose commit point is its
-workload pod, a pod that binds or runs after the branch was pruned is a late fact in one
-view and a commit in the other, until the operator gates pod starts (the GPU placement
-work). Such histories are not generated; the stateful audit covers their safety.
+Pod commit points (issue 21 §3.9): a workload pod that exists when the branch is pruned
+(cancelled or deleted) may still bind and run after the prune, and its worker report
+usage: the API server cannot stop it, so these histories are generated. One exception
+remains that the API server cannot order: a pod first created after the prune (the late
+dispatch child-settlement.txt leaves to the orchestrator's fence), which is a late fact in
+one view and a commit in the other until the operator gates the pods of every pod commit
+point (today it gates only device claims' pods). Such histories are not generated; the
+stateful audit covers their safety.
+
+Against the world's own truth, each run also checks that a branch that never ran is never
+charged: never dispatched, no usage reported, no workload pod ever past its gate (a pod
+that vanished counts as maybe run: the operator cannot tell). Issue 21 §3.5 broke this: a
+recorded hand-off whose gate lift failed was Quarantined at the deadline.
 
 Device claims (DESIGN.md §7): the envelope has `nvidia.com/gpu` capacity, claims may ask
 for whole GPUs, and the policy holds them from admission (physicalHold Tentative) or once
@@ -41,7 +50,9 @@ follow in both runs' worlds.
 - A client may create a claim's workload pod at any time; for a device claim it is gated
   (the SDK adds the hand-off gate). Only the operator lifts the gate, after recording the
   hand-off: the pod binds and runs only once both runs recorded the hand-off for this very
-  pod, and only on an allocated ResourceClaim. It may vanish at any time.
+  pod, and only on an allocated ResourceClaim. It may vanish at any time. The writer's
+  lift may fail for a while (a refused patch, or a restart between the ledger write and
+  the lift: `lift_fails` until `lift_works`); until both runs lifted it the pod shows gated.
 The hand-off itself is an operator decision like admission, taken on a fact (a gated pod)
 that need not last and changing the world (the gate lifts): claims handed off differently
 (one run saw the gated pod before a cancel or its disappearance, the other did not) are
@@ -121,11 +132,25 @@ class Run:
                 record = settled_record(status, uid, uid, fact.spec.attempt)
                 assert record is not None
                 self.records[uid] = record
-        # The hand-off is durable now: the gate of the claim's gated workload pod goes.
+        # The hand-off is durable now: the writer lifts the gate of the claim's gated
+        # workload pod, unless the lift fails (or the operator restarts before it).
         for uid in result.handed_off:
-            if world.pods.get(uid) == 0:
+            if world.pods.get(uid) == 0 and uid not in world.lift_failing:
                 self.lifted.add((uid, world.pod_made[uid]))
         self.check_nothing_recorded_is_lost()
+        self.check_what_never_ran_is_never_charged(world)
+
+    def check_what_never_ran_is_never_charged(self, world: World) -> None:
+        """Against the world's own truth: a branch that was never dispatched, reported no
+        usage and whose workload pods never left their gate (never bound) did not run, so
+        its settlement charges nothing (a deadline decision included: the operator, as
+        gatekeeper, knows the pod never started)."""
+        for uid in {*self.status.entries, *self.records}:
+            entry = self.entry(uid)
+            if entry is None or entry.settlement is None or uid in world.may_have_run:
+                continue
+            charged = {k: v for k, v in entry.consumed.items() if v > 0}
+            assert not charged, f"{uid} never ran but was charged {charged}"
 
     def holds(self, uid: str) -> bool:
         return self.result is not None and uid in self.result.device_holds
@@ -169,6 +194,15 @@ class World:
     pod_made: dict[str, int] = field(default_factory=dict)  # uid -> which pod (a counter)
     devices: dict[str, DeviceFacts] = field(default_factory=dict)  # uid -> its ResourceClaim
     gone: set[str] = field(default_factory=set)  # workload pods gone, not yet seen by run B
+    lift_failing: set[str] = field(default_factory=set)  # claims whose gate lifts fail now
+    ungated: set[tuple[str, int]] = field(default_factory=set)  # (uid, pod): gate lifted
+    # Claims pruned while a workload pod that may still bind or start existed: that pod
+    # may still run (and its worker report usage); the API server cannot stop it.
+    pod_at_prune: set[str] = field(default_factory=set)
+    # The truth as far as facts can ever show it: claims dispatched, with usage reported,
+    # or with a workload pod past its gate; or whose pod went (lifted and run unseen, for
+    # all the operator can tell).
+    may_have_run: set[str] = field(default_factory=set)
     replace_unseen: bool = True  # a pod may be re-created before the operator saw it gone
 
     def apply(self, write: Write, now: datetime, runs: tuple[Run, Run]) -> None:
@@ -195,6 +229,8 @@ class World:
                     commit_point=commit_point,
                 )
                 self.claims[uid] = ClaimFacts(uid=uid, name=uid, created_at=now, spec=spec)
+                if spec.dispatch:
+                    self.may_have_run.add(uid)
             return
         facts = self.claims.get(uid)
         if facts is None:
@@ -203,20 +239,31 @@ class World:
         wanted = device_counts(spec.requests).get(GPU, 0)
         pruned = spec.cancel or facts.deleting
         by_pod = spec.commit_point != "Dispatch"
-        # A branch pruned before dispatch never ran (CEL rule, admission policy); for pod
-        # commit points the API server cannot tell yet (see the module docstring).
-        frozen_execution = spec.final or (pruned and (by_pod or not spec.dispatch))
+        # A branch pruned before dispatch never ran (CEL rule, admission policy). For pod
+        # commit points the API server cannot tell: a workload pod there at the prune may
+        # still bind and run after it; one first created after it is not generated (see
+        # the module docstring).
+        pod_may_run = by_pod and uid in self.pod_at_prune
+        frozen_execution = spec.final or (
+            pruned and not pod_may_run and (by_pod or not spec.dispatch)
+        )
         # A final report fixes dispatch (CEL rule): a branch that finished is not sent.
         if write.kind == "dispatch" and not pruned and not by_pod and not spec.final:
             self._spec(uid, dispatch=True)
-        elif write.kind == "cancel":
-            self._spec(uid, cancel=True)
-        elif write.kind == "delete":
-            self.claims[uid] = replace(facts, deleting=True)
+            self.may_have_run.add(uid)
+        elif write.kind in ("cancel", "delete"):
+            if not pruned and self._may_start(uid):
+                self.pod_at_prune.add(uid)
+            if write.kind == "cancel":
+                self._spec(uid, cancel=True)
+            else:
+                self.claims[uid] = replace(facts, deleting=True)
         elif write.kind == "usage" and not frozen_execution:
             usage = dict(spec.usage)
             usage["tokens"] = usage.get("tokens", Decimal(0)) + write.arg
             self._spec(uid, usage=usage)
+            if write.arg:
+                self.may_have_run.add(uid)
         elif write.kind == "finish" and not spec.final:
             self._spec(uid, final=True, outcome=write.arg)
         elif write.kind == "heartbeat":
@@ -241,6 +288,10 @@ class World:
             # that path exercised explicitly as well as at random.
             self.pod_made[uid] = self.pod_made.get(uid, 0) + 1
             self._pod(uid, 0)
+        elif write.kind == "lift_fails" and wanted:
+            self.lift_failing.add(uid)  # the writer's patch is refused, or it restarts
+        elif write.kind == "lift_works":
+            self.lift_failing.discard(uid)
         elif write.kind == "pod_gone" and wanted and uid in self.pods:
             self._no_pod(uid)
             self.gone.add(uid)
@@ -281,20 +332,41 @@ class World:
             able = [u for u in self.devices if not any(run.holds(u) for run in runs)]
         return sorted(able)[write.claim % len(able)] if able else None
 
+    def lift_gates(self, runs: tuple[Run, Run]) -> None:
+        """A gate goes once both runs lifted it: the pod is then pending, unbound."""
+        for uid, stage in self.pods.items():
+            made = (uid, self.pod_made.get(uid, 0))
+            if stage == 0 and made not in self.ungated and all(made in r.lifted for r in runs):
+                self.ungated.add(made)
+                self.may_have_run.add(uid)
+                self._pod(uid, 0)
+
+    def _may_start(self, uid: str) -> bool:
+        """A workload pod of the claim exists that the scheduler may bind (or did)."""
+        if uid not in self.pods:
+            return False
+        return self.pods[uid] >= 1 or (uid, self.pod_made.get(uid, 0)) in self.ungated
+
     def _pod(self, uid: str, stage: int) -> None:
         self.pods[uid] = stage
-        name = f"{uid}-pod{self.pod_made.get(uid, 0)}"  # its UID: a re-created pod is another
+        if stage >= 1:
+            self.may_have_run.add(uid)
+        made = self.pod_made.get(uid, 0)
+        name = f"{uid}-pod{made}"  # its UID: a re-created pod is another
+        gated = stage == 0 and (uid, made) not in self.ungated
         pod = PodFacts(
             scheduled=stage >= 1,
             running=stage >= 2,
-            gated=stage == 0,
-            gated_pod=name if stage == 0 else None,
+            gated=gated,
+            gated_pod=name if gated else None,
             uids=frozenset({name}),
+            gated_uids=frozenset({name}) if gated else frozenset(),
         )
         self.claims[uid] = replace(self.claims[uid], pod=pod)
 
     def _no_pod(self, uid: str) -> None:
         del self.pods[uid]
+        self.may_have_run.add(uid)
         self.claims[uid] = replace(self.claims[uid], pod=None)
 
     def _spec(self, uid: str, **changes: Any) -> None:
@@ -318,6 +390,7 @@ def play(
         now += timedelta(seconds=tick)
         every_step.reconcile(world, now)
         coalesced.reconcile(world, now)
+        world.lift_gates(runs)
         seen = sees(len(writes))
         for index, write in enumerate(writes, start=1):
             world.apply(write, now, runs)
@@ -325,6 +398,7 @@ def play(
             if index in seen or index == len(writes):
                 coalesced.reconcile(world, now)
                 world.gone.clear()
+            world.lift_gates(runs)
         compare(every_step, coalesced)
     # Let both settle any follow-up at the same moment, then compare once more.
     every_step.reconcile(world, now)
@@ -377,6 +451,7 @@ def compare(a: Run, b: Run) -> int:
 # --- the histories ---------------------------------------------------------------------
 
 claim_ids = st.integers(0, MAX_CLAIMS - 1)
+seconds = st.integers(0, 30)  # between two instants
 allocations = st.builds(
     Write,
     st.just("allocate"),
@@ -414,11 +489,73 @@ writes = st.one_of(
     st.builds(Write, st.just("gated"), claim_ids),
     st.builds(Write, st.sampled_from(["pod", "pod"]), claim_ids, st.integers(1, 2)),
     st.builds(Write, st.sampled_from(["lose", "release", "release", "pod_gone"]), claim_ids),
+    # the writer's gate lift fails for a while (a refused patch, a restart after the write)
+    st.builds(Write, st.sampled_from(["lift_fails", "lift_works"]), claim_ids),
 )
+
+# Pod commit points and hand-offs, drawn densely (issue 21 §3.5 and §3.9 hid in the broad
+# histories above): two claims whose commit point is their pod or whose devices are handed
+# to one, and mostly the writes about pods, gates, prunes and leases.
+pod_claim_ids = st.integers(0, 1)
+pod_allocations = st.builds(
+    Write, st.just("allocate"), pod_claim_ids, st.tuples(st.just(0), st.just(True))
+)
+pod_creates = st.builds(
+    Write,
+    st.just("create"),
+    pod_claim_ids,
+    st.tuples(
+        st.integers(0, 40),
+        st.just(0),
+        st.booleans(),
+        st.just(0),
+        st.sampled_from(["Dispatch", "PodScheduled", "PodRunning", "PodRunning"]),
+        st.sampled_from([0, 0, 2]),
+    ),
+)
+# Mostly short steps (a claim lives through several instants), now and then a lease or a
+# deadline's worth.
+pod_ticks = st.sampled_from([0, 1, 1, 2, 3, 45, 70])
+POD_KINDS = [
+    *["cancel"] * 3,
+    "delete",
+    "usage",
+    "finish",
+    "heartbeat",
+    *["pod"] * 4,
+    *["allocate"] * 2,
+    *["gated"] * 2,
+    *["lift_fails"] * 2,
+    "lift_works",
+    "pod_gone",
+    "release",
+    "lose",
+    "create",
+]
 
 
 @st.composite
-def histories(draw: st.DrawFn) -> History:
+def pod_write(draw: st.DrawFn) -> Write:
+    kind = draw(st.sampled_from(POD_KINDS))
+    if kind == "create":
+        return draw(pod_creates)
+    if kind == "allocate":
+        return draw(pod_allocations)
+    arg = {"usage": st.integers(0, 10), "pod": st.integers(1, 2), "heartbeat": st.integers(0, 3)}
+    return Write(kind, draw(pod_claim_ids), draw(arg.get(kind, st.just("Succeeded"))))
+
+
+pod_writes = pod_write()
+
+
+@st.composite
+def histories(
+    draw: st.DrawFn,
+    claim_writes: st.SearchStrategy[Write] = writes,
+    claim_creates: st.SearchStrategy[Write] = creates,
+    claims: int = MAX_CLAIMS,
+    ticks: st.SearchStrategy[int] = seconds,
+) -> History:
     lease = draw(st.integers(5, 40))
     policy = EnvelopePolicy(
         default_lease_seconds=lease,
@@ -442,13 +579,13 @@ def histories(draw: st.DrawFn) -> History:
     )
     instants = draw(
         st.lists(
-            st.tuples(st.integers(0, 30), st.lists(writes, min_size=1, max_size=7)),
+            st.tuples(ticks, st.lists(claim_writes, min_size=1, max_size=7)),
             min_size=2,
             max_size=8,
         )
     )
     # Claims to write about from the start (more are created later).
-    first = draw(st.lists(creates, min_size=1, max_size=MAX_CLAIMS))
+    first = draw(st.lists(claim_creates, min_size=1, max_size=claims))
     return History(envelope, [(0, first), *instants])
 
 
@@ -459,6 +596,21 @@ def histories(draw: st.DrawFn) -> History:
 )
 @given(history=histories(), data=st.data())
 def test_settlement_does_not_depend_on_which_intermediate_states_the_operator_saw(
+    history: History, data: st.DataObject
+) -> None:
+    def sees(count: int) -> set[int]:
+        return data.draw(st.sets(st.integers(1, count)), label="coalesced run sees")
+
+    play(history, sees)
+
+
+@settings(
+    max_examples=int(os.environ.get("RESERVOIR_AUDIT_EXAMPLES", "200")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(history=histories(pod_writes, pod_creates, 2, pod_ticks), data=st.data())
+def test_pod_commit_points_and_hand_offs_settle_alike_however_seen(
     history: History, data: st.DataObject
 ) -> None:
     def sees(count: int) -> set[int]:
@@ -527,3 +679,54 @@ def test_a_cancel_missed_next_to_the_final_report_is_still_recorded() -> None:
     left, right = every_step.entry("c0"), coalesced.entry("c0")
     assert left is not None and right is not None
     assert left.cancel_requested == right.cancel_requested
+
+
+def test_the_audit_finds_a_bound_pod_that_runs_after_the_cancel() -> None:
+    """Issue 21 §3.9, found by the audit once these histories are generated: c0
+    (PodRunning, no devices) is admitted, its pod binds; then the branch is cancelled and
+    the pod runs in one instant. Run A saw the cancel alone, run B both: they must agree
+    (R held: the pod ran, and nothing showed it would not when the cancel came)."""
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(capacity={"tokens": 100, "gpu": 2}), created_at=T0
+    )
+    history = History(
+        envelope,
+        [
+            (0, [Write("create", 0, (20, 0, False, 0, "PodRunning", 0))]),
+            (1, [Write("pod", 0, 1)]),
+            (1, [Write("cancel", 0), Write("pod", 0, 2)]),
+        ],
+    )
+    every_step, coalesced = play(history, only_last)
+    assert compare(every_step, coalesced) == 1
+    entry = coalesced.entry("c0")
+    assert entry is not None and entry.phase.value == "Running" and entry.cancel_requested
+
+
+def test_the_audit_finds_a_hand_off_whose_gate_lift_failed() -> None:
+    """Issue 21 §3.5, found by the audit once lifts may fail: c0 (2 GPUs, 10 tokens,
+    Tentative hold) is handed to its gated pod, but the lift fails; the lease (5 s) lapses
+    and the deadline (Quarantine) passes with the pod still gated. It never ran: nothing is
+    charged, in both runs."""
+    policy = EnvelopePolicy(
+        default_lease_seconds=5, ambiguity_deadline_seconds=5, at_ambiguity_deadline="Quarantine"
+    )
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(capacity={"tokens": 100, "gpu": 2, GPU: 4}, policy=policy),
+        created_at=T0,
+    )
+    history = History(
+        envelope,
+        [
+            (0, [Write("create", 0, (10, 0, False, 0, "Dispatch", 2))]),
+            (1, [Write("allocate", 0, (0, True))]),
+            (1, [Write("lift_fails", 0), Write("gated", 0)]),
+            (10, [Write("heartbeat", 1, 0)]),
+            (10, [Write("heartbeat", 1, 1)]),
+        ],
+    )
+    every_step, coalesced = play(history, only_last)
+    assert compare(every_step, coalesced) == 1
+    entry = coalesced.entry("c0")
+    assert entry is not None and entry.settlement is not None
+    assert entry.settlement.reason == "GateNeverLifted" and entry.consumed == {}

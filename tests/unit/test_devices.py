@@ -262,3 +262,37 @@ def test_claims_waiting_for_devices_count_against_the_caps() -> None:
     sim.allocate("low").reconcile()  # a stale placement of the low one changes nothing
     assert sim.phase("low") is ClaimPhase.PENDING
     assert sim.last is not None and set(sim.last.device_holds) == {"high"}
+
+
+def test_a_hand_off_whose_gate_was_never_lifted_returns_everything_when_the_lease_lapses() -> None:
+    """Issue 21 §3.5: the hand-off is recorded (committed), but the gate is never lifted (the
+    lift failed, or a restart fell between the ledger write and the lift). The lease lapses
+    with the pod still gated: a gate is never added back, so the pod provably never ran.
+    It used to go Detached and be Quarantined (2 GPUs and 10 tokens charged, its
+    ResourceClaim deleted); now R returns at the lapse and the gate stays."""
+    sim = Sim(
+        {"tokens": "100", GPU: "8"},
+        ambiguity_deadline_seconds=10,
+        at_ambiguity_deadline="Quarantine",
+    )
+    sim.create("a", {GPU: "2", "tokens": "10"}, lease={"duration_seconds": 5})
+    sim.allocate("a").reconcile().pod("a", gated=True).reconcile()
+    assert sim.entry("a").phase is ClaimPhase.COMMITTED and sim.entry("a").handed_off_to
+    sim.tick(6).reconcile().tick(30).reconcile()  # the pod is still behind the gate
+    entry = sim.entry("a")
+    assert entry.phase is ClaimPhase.EXPIRED and entry.settlement is not None
+    assert entry.settlement.reason == "GateNeverLifted"
+    assert entry.consumed == {} and sim.available() == "100"
+    assert sim.last is not None and sim.last.handed_off == {}, "the gate is not lifted now"
+    assert sim.last.device_holds == {}
+    # Someone lifts the gate anyway and the pod runs: a late fact, the settlement stays.
+    sim.pod("a", scheduled=True, running=True).reconcile()
+    assert sim.entry("a").pod_started_late and sim.phase("a") is ClaimPhase.EXPIRED
+
+
+def test_a_handed_off_pod_past_its_gate_when_the_lease_lapses_is_held() -> None:
+    """The gate was lifted and the pod bound: it may be running, so the lapse detaches."""
+    sim = gpu_sim().create("a", {GPU: "2"}, lease={"duration_seconds": 5})
+    sim.allocate("a").reconcile().pod("a", gated=True).reconcile()
+    sim.pod("a", scheduled=True).tick(6).reconcile()
+    assert sim.phase("a") is ClaimPhase.DETACHED and sim.total("reconciling", GPU) == "2"

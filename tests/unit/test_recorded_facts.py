@@ -333,3 +333,33 @@ def test_the_widest_capacity_the_crd_accepts_still_reconciles() -> None:
     sim = Sim(capacity=capacity).create("a", {next(iter(capacity)): "1"}).reconcile()
     assert sim.phase("a") is P.TENTATIVE
     assert len(sim.status.summary.capacity) <= 1024
+
+
+def test_a_bound_pod_that_runs_after_the_cancel_settles_as_when_seen_only_at_the_end() -> None:
+    """Issue 21 §3.9: a PodRunning claim, its pod bound, the branch cancelled, then the pod
+    runs. Seen step by step R was returned at the cancel (available 100) while seen only at
+    the end R stayed held (80). A bound pod may still start, so the cancel cannot confirm
+    non-execution (child-settlement.txt): it is recorded and R stays held, in both views."""
+    step = Sim().create("a", commit_point="PodRunning").reconcile()
+    step.pod("a", scheduled=True).reconcile().cancel("a").reconcile()
+    assert step.phase("a") is P.TENTATIVE and step.entry("a").cancel_requested
+    assert step.available() == "80", "a pod that may still start holds R"
+    step.pod("a", scheduled=True, running=True).reconcile()
+    last = Sim().create("a", commit_point="PodRunning").reconcile()
+    last.pod("a", scheduled=True).cancel("a").pod("a", scheduled=True, running=True).reconcile()
+    for sim in (step, last):
+        entry = sim.entry("a")
+        assert (entry.phase, entry.cancel_requested, sim.available()) == (P.RUNNING, True, "80")
+        sim.usage("a", "7", final=True).reconcile()
+        assert (sim.phase("a"), sim.available()) == (P.CONSUMED, "93")
+
+
+def test_a_cancel_waiting_on_a_pod_releases_once_the_pod_is_gone_without_running() -> None:
+    sim = Sim().create("a", commit_point="PodScheduled").reconcile()
+    sim.pod("a").cancel("a").reconcile()  # created, not bound yet: it may still bind and run
+    assert sim.phase("a") is P.TENTATIVE and sim.available() == "80"
+    assert sim.reasons("a").count("CancelRequested") == 1
+    sim.reconcile()
+    assert sim.reasons("a").count("CancelRequested") == 1, "recorded once"
+    sim.no_pod("a").reconcile()
+    assert (sim.phase("a"), sim.available()) == (P.RELEASED, "100")

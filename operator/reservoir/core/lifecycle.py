@@ -10,7 +10,9 @@
                                           Released ◀── deadline: Release ─────┘
 
 Capacity returns only on confirmed facts: durable non-execution (cancel before the commit
-point, lease lapse before it), a final usage report, or a recorded deadline decision.
+point with no workload pod that may still start, lease lapse before it or while the pod
+handed the devices still waits behind its gate), a final usage report, or a recorded
+deadline decision.
 Cancel after the commit point is a request, not a release. Terminal states are final: a
 later report is recorded as late and never reopens the settlement.
 
@@ -87,6 +89,15 @@ class PodFacts:
     gated: bool = False  # one still waits behind the hand-off gate for the claim's devices
     gated_pod: str | None = None  # the UID of that pod (the oldest, if several wait)
     uids: frozenset[str] = frozenset()  # the UIDs of the claim's workload pods that exist
+    # The UIDs of those still behind the gate. A gate is never added back once removed, so
+    # a pod seen gated has never been bound: it has not run, whenever the operator looks.
+    gated_uids: frozenset[str] = frozenset()
+
+    @property
+    def may_still_start(self) -> bool:
+        """A pod exists that has not run and nothing holds back: the scheduler may bind it
+        and the kubelet start it between any two looks of the operator."""
+        return not self.running and bool(self.uids - self.gated_uids)
 
 
 @dataclass(frozen=True)
@@ -408,7 +419,16 @@ def expire_lease(step: Step) -> None:
     entry = step.entry
     if entry.expires_at is None or step.now < entry.expires_at:
         return
-    if entry.phase is ClaimPhase.TENTATIVE:
+    if entry.phase.committed and gate_never_lifted(entry, step.facts):
+        settle(
+            step,
+            ClaimPhase.EXPIRED,
+            GATE_NEVER_LIFTED,
+            message="lease lapsed while the workload pod still waited behind the hand-off "
+            "gate: it never ran; R returned, and its gate is not lifted any more",
+            trigger=Trigger.CLOCK,
+        )
+    elif entry.phase is ClaimPhase.TENTATIVE:
         settle(
             step,
             ClaimPhase.EXPIRED,
@@ -425,6 +445,32 @@ def expire_lease(step: Step) -> None:
             "final report, the provider's answer or the ambiguity deadline",
             Trigger.CLOCK,
         )
+
+
+GATE_NEVER_LIFTED = "GateNeverLifted"
+
+
+def gate_never_lifted(entry: LedgerEntry, facts: ClaimFacts) -> bool:
+    """The claim is committed only by its hand-off, and the pod it was handed to is still
+    behind the gate: that pod has never been bound (a gate is never added back), and
+    nothing else shows that the branch ran. Read when the lease lapses: the operator lifts
+    no gate after that, so the pod never runs on this claim (issue 21 §3.5: a failed lift,
+    or a restart between the ledger write and the lift, left it gated for good)."""
+    pod = facts.pod
+    if entry.handed_off_at is None or entry.handed_off_to is None or pod is None:
+        return False
+    if entry.handed_off_to not in pod.gated_uids or pod.scheduled or pod.running:
+        return False
+    ran = entry.started_at is not None or bool(positive(entry.usage))
+    return not ran and not may_have_run(facts)
+
+
+def never_ran(entry: LedgerEntry) -> bool:
+    """Settled without ever passing its commit point, or committed only by a hand-off
+    whose pod never left the gate."""
+    settled = entry.settlement
+    withdrawn = settled is not None and settled.reason == GATE_NEVER_LIFTED
+    return entry.committed_at is None or withdrawn
 
 
 def hand_off(step: Step) -> None:
@@ -488,6 +534,18 @@ def advance_tentative(step: Step) -> None:
     elif spec.final:
         # A final report without any usage on a claim never dispatched: it did not run.
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
+    elif facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
+        # A workload pod that may still bind and start: the cancel cannot confirm that the
+        # branch never runs (child-settlement.txt), so R stays held until the pod runs (a
+        # commit) or goes without running. Returning R here made the settlement depend on
+        # whether the operator saw the pod before it ran (issue 21 §3.9).
+        if not entry.cancel_requested:
+            entry.cancel_requested = True
+            step.note(
+                "CancelRequested",
+                "cancel requested while a workload pod of the claim may still start: "
+                "capacity held until the pod runs (then its usage settles it) or is gone",
+            )
     elif facts.cancelling:
         reason = "Deleted" if facts.deleting else "Cancelled"
         settle(
@@ -676,8 +734,8 @@ def record_after_settlement(step: Step) -> None:
     spec = facts.spec
     settled = entry.settlement
     assert settled is not None
-    never_ran = entry.committed_at is None
-    if spec.dispatch and never_ran and not entry.dispatch_fenced:
+    not_run = never_ran(entry)
+    if spec.dispatch and not_run and not entry.dispatch_fenced:
         entry.dispatch_fenced = True
         step.note(
             "DispatchRefused",
@@ -685,7 +743,7 @@ def record_after_settlement(step: Step) -> None:
             "create a new claim (new attempt) instead",
             warning=True,
         )
-    if facts.cancelling and not never_ran and not entry.cancel_requested:
+    if facts.cancelling and not not_run and not entry.cancel_requested:
         # A cancel asked after the commit point is recorded whenever it comes: before the
         # final report, with it, or after it (found by the tree audit: one look or two
         # must record the same). Nothing moves: the claim has settled.
@@ -694,7 +752,7 @@ def record_after_settlement(step: Step) -> None:
             step.note("CancelRequested", "cancel requested after settlement: recorded")
     pod = facts.pod
     pod_started = pod is not None and (pod.scheduled or pod.running)
-    if pod_started and never_ran and not entry.pod_started_late:
+    if pod_started and not_run and not entry.pod_started_late:
         entry.pod_started_late = True
         step.note(
             "PodStartedAfterSettlement",

@@ -246,15 +246,18 @@ class DeviceHolder:
         resource_claims: Mapping[str, Mapping[str, Any]],
         placeholders: Mapping[str, Mapping[str, Any]],
         handed_off: Mapping[str, list[Mapping[str, Any]]] | None = None,  # the recorded pod
-    ) -> None:
+    ) -> bool:
         """Hold what the ledger wants held (`holds`: claim uid -> device counts), let go of
         the rest, and complete recorded hand-offs (`handed_off`: claim uid -> its workload
         pods): lift their gate, and delete the placeholder once a workload pod holds the
-        devices. Called only after the ledger that asks for it is durable."""
+        devices. Called only after the ledger that asks for it is durable. Returns whether
+        every recorded hand-off's gate is lifted now: if not, the caller comes back soon
+        (the core settles a pod still gated when the lease lapses as never run)."""
         handed_off = handed_off or {}
+        lifted = True
         for uid, workload in handed_off.items():
             for pod in workload:
-                await self._lift_gate(pod)
+                lifted = await self._lift_gate(pod) and lifted
             rc, placeholder = resource_claims.get(uid), placeholders.get(uid)
             if rc is not None and placeholder is not None and _held_by_workload(rc, workload):
                 await self._delete(Pod, placeholder)
@@ -285,11 +288,13 @@ class DeviceHolder:
                 # The API server keeps an allocated claim until no pod uses it; its
                 # disappearance is the scheduler-level confirmation that it is free.
                 await self._delete(ResourceClaim, rc)
+        return lifted
 
-    async def _lift_gate(self, pod: Mapping[str, Any]) -> None:
+    async def _lift_gate(self, pod: Mapping[str, Any]) -> bool:
+        """Whether the pod's hand-off gate is gone now (lifted here, or already gone)."""
         gates = (pod.get("spec") or {}).get("schedulingGates") or []
         if not any(g.get("name") == HAND_OFF_GATE for g in gates):
-            return
+            return True
         kept = [g for g in gates if g.get("name") != HAND_OFF_GATE]
         meta = pod["metadata"]
         try:
@@ -303,6 +308,8 @@ class DeviceHolder:
         except ApiError as error:
             if error.status.code != 404:
                 log.warning("lifting the hand-off gate of %s failed: %s", meta["name"], error)
+                return False
+        return True
 
     async def _create(self, kind: Any, body: dict[str, Any]) -> str | None:
         """Create; None when it exists now, else the API server's refusal."""

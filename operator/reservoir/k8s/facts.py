@@ -183,6 +183,7 @@ def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
         gated=bool(waiting),
         gated_pod=waiting[0][1] if waiting else None,
         uids=frozenset(m.get("uid") or "" for m in meta),
+        gated_uids=frozenset(uid for _, uid in waiting),
     )
 
 

@@ -84,6 +84,8 @@ REQUESTS_IN_FLIGHT = 16
 # A claim's status shows usage reported on the way at most this late: a report followed by
 # the final report (or any other move) within it costs one status write, not two.
 MIRROR_USAGE_WITHIN = timedelta(seconds=2)
+# How soon a pass comes back to lift a recorded hand-off's gate whose lift failed.
+GATE_RETRY = timedelta(seconds=5)
 RELEASED_KEEP_SECONDS = 600.0
 # A lease that ends moves the claim here: the renewal the index may lack is read first.
 LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
@@ -519,7 +521,7 @@ class LedgerWriter:
             namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
         )
         if resource_claims or placeholders or result.device_holds:
-            await self.devices.sync(
+            lifted = await self.devices.sync(
                 by_uid,
                 result.device_holds,
                 resource_claims,
@@ -534,6 +536,11 @@ class LedgerWriter:
                     if uid in by_uid
                 },
             )
+            if not lifted:
+                # A recorded hand-off's gate is still there: try again soon, not only on the
+                # next claim event (issue 21 §3.5: the next pass was often the lease lapse).
+                retry = now + GATE_RETRY
+                result.wake_at = min(result.wake_at or retry, retry)
         await self._release_settled(namespace, claims, result)
         await self._delete_expired(namespace, result.expired_claims)
         return result
