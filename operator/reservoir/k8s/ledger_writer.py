@@ -637,7 +637,9 @@ class LedgerWriter:
             return fact
         async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
-                done, text = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
+                done, text = await self.providers.forward_cancel(
+                    namespace, fact.spec, policy, how, fact.name
+                )
                 fact = replace(fact, cancel_forwarded=ForwardedCancel(how, done, text))
             if lookup:
                 suspended = suspended_by_cancel(entry)
