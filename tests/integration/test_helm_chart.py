@@ -38,6 +38,18 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
     "admissionPolicy.exemptGroups": (["system:masters"], []),
     "placement.allowedTolerationKeys": (["nvidia.com/gpu"], []),
 }
+# The chart's ValidatingAdmissionPolicies, each with a binding of the same name.
+POLICIES = (
+    "branchclaims",
+    "operator-pods",
+    "operator-jobs",
+    "operator-resourceclaims",
+    "placeholder-priority",
+    "claim-devices",
+    "claim-resourceclaims",
+    "placement",
+    "status",
+)
 MONITORING = {
     "metrics.serviceMonitor.enabled": True,
     "metrics.prometheusRule.enabled": True,
@@ -463,8 +475,12 @@ def test_install_upgrade_uninstall(
         ("clusterrole", "reservoir-viewer", None),
         ("priorityclass", f"{name}-placeholder", None),
         ("clusterkopfpeering", full, None),
-        ("validatingadmissionpolicy", f"{full}-branchclaims", None),
-        ("validatingadmissionpolicybinding", f"{full}-branchclaims", None),
+        ("clusterrole", f"{full}-provider-tokens", None),
+        *(
+            (kind, f"{full}-{policy}", None)
+            for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding")
+            for policy in POLICIES
+        ),
         ("crd", "reservationenvelopes.reservoir.dev", None),
         ("crd", "branchclaims.reservoir.dev", None),
         ("crd", "clusterkopfpeerings.kopf.dev", None),
@@ -480,7 +496,8 @@ def test_install_upgrade_uninstall(
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]
     cluster_scoped = cluster_scoped_of(cluster, name)
-    assert len(cluster_scoped) == 9, cluster_scoped  # the 9 cluster-scoped objects above
+    # the cluster-scoped objects above
+    assert len(cluster_scoped) == sum(1 for e in expected if e[2] is None and e[0] != "crd")
 
     # Upgrade: replicas, resources, and the operator limited to one namespace.
     helm(
@@ -554,17 +571,7 @@ def test_the_admission_policies_bind_the_operator_and_keep_its_own_from_others()
 
     docs = render({}, namespace="ops")
     found = policies(docs)
-    assert set(found) == {
-        "branchclaims",
-        "operator-pods",
-        "operator-jobs",
-        "operator-resourceclaims",
-        "placeholder-priority",
-        "claim-devices",
-        "claim-resourceclaims",
-        "placement",
-        "status",
-    }
+    assert set(found) == set(POLICIES)
     bindings = {
         d["spec"]["policyName"]: d["spec"]["validationActions"]
         for d in docs
