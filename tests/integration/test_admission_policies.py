@@ -161,7 +161,13 @@ def test_the_operators_token_acts_only_in_its_own_shape(
         f"{chart.release}-reservoir-operator-jobs",
     )
     claims = f"{chart.release}-reservoir-operator-resourceclaims"
-    uid = str(uuid.uuid4())
+    # A claim to own the test's placeholder (else the garbage collector takes it at once).
+    create_envelope(cluster, ns, "e", {"tokens": "10"})
+    body = {"envelope": "e", "branch": "c", "requests": {"tokens": "1"}}
+    claim = {"apiVersion": "reservoir.dev/v1alpha1", "kind": "BranchClaim"}
+    claim |= {"metadata": {"name": "c", "namespace": ns}, "spec": body}
+    cluster.kubectl("create", "-f", "-", input=json.dumps(claim))
+    uid = cluster.kubectl("get", "bclaim", "c", "-n", ns, "-o", "jsonpath={.metadata.uid}")
     until_enforced(op, pods, "create", "-f", "-", input=manifest("Pod", "x", ns, pause_pod()))
 
     # Pods: only placeholders of its own shape, nowhere protected.
@@ -185,7 +191,7 @@ def test_the_operators_token_acts_only_in_its_own_shape(
         input=placeholder(ns, uid, **host),
     )
     privileged = json.loads(placeholder(ns, uid))
-    privileged["spec"]["containers"][0]["securityContext"]["privileged"] = True
+    privileged["spec"]["containers"][0]["securityContext"] = {"privileged": True}
     denied(op, pods, "runs only the pause image", "create", "-f", "-", input=json.dumps(privileged))
     denied(
         op,
@@ -456,8 +462,9 @@ def test_a_tenant_cannot_use_what_is_the_operators(
     allowed(me, "create", "-f", "-", input=claim("fine", fine))
 
     # Status is the operator's ledger: a forged one is refused even with /status rights.
-    forged = '{"status":{"phase":"Released"}}'
-    for kind, name in (("bclaim", "fine"), ("renv", "wf")):
+    # (A forged ledger the schema accepts: a claim released, an envelope closed.)
+    for kind, name, phase in (("bclaim", "fine", "Released"), ("renv", "wf", "Closed")):
+        forged = json.dumps({"status": {"phase": phase}})
         denied(
             me,
             f"{prefix}-status",
@@ -521,10 +528,13 @@ def test_the_operator_holds_hands_off_and_settles_a_gpu_claim_under_the_policies
     LOGS.mkdir(parents=True, exist_ok=True)
     log = LOGS / "policies-gpu.log"
     log.unlink(missing_ok=True)
+    # Cluster-wide, as the chart runs it (its ClusterRole; the chart's peering object).
     operator = OperatorProcess(
         cluster,
-        ns,
+        None,
         log,
+        "--peering",
+        f"{chart.release}-reservoir",
         "--restrict-placement",
         "--allowed-node-label-key=kubernetes.io/hostname",
         kubeconfig=op,
@@ -561,7 +571,7 @@ def test_the_operator_holds_hands_off_and_settles_a_gpu_claim_under_the_policies
                     ).strip()
                 ),
             )
-            sdk.finish(sdk.get("train"), {GPU: "2"})
+            sdk.finish(sdk.get("train"), {})  # nothing consumed: all of R returns
             settled = wait_phase(sdk, "train", "Consumed")
             assert settled.status.placement is not None
             assert not settled.status.placement.devices_released

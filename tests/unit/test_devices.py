@@ -292,3 +292,14 @@ def test_an_envelope_closes_only_once_its_settled_devices_are_free() -> None:
     sim.deallocate("a").reconcile().mirror().reconcile()
     assert sim.status.closed_at is not None
     assert sim.status.balance_released.get(GPU) == 8
+
+
+def test_what_a_settled_claim_consumed_of_its_devices_is_not_counted_twice() -> None:
+    """C is committed at settlement; only R − C waits for the scheduler's release."""
+    sim = gpu_sim().create("a", {GPU: "2"}, dispatch=True).allocate("a").reconcile()
+    sim.update("a", usage={GPU: "1"}, final=True, outcome="Succeeded").reconcile()
+    assert sim.phase("a") is ClaimPhase.CONSUMED
+    assert sim.total("committed", GPU) == "1" and sim.total("reserved", GPU) == "1"
+    assert sim.total("available", GPU) == "6"
+    sim.deallocate("a").reconcile()
+    assert sim.total("committed", GPU) == "1" and sim.total("available", GPU) == "7"

@@ -118,14 +118,19 @@ def compute_totals(
 
 
 def devices_in_use(entry: LedgerEntry) -> dict[str, Decimal]:
-    """A settled claim's device resources while its allocation still exists: a pod may
-    still run on them (its workload pod outlives the settlement), so they count against the
-    envelope until the ResourceClaim's allocation is gone (issue 21: else a tenant kept
-    GPUs past settlement and beyond its envelope)."""
+    """What a settled claim returned of its device resources (R − C) while its allocation
+    still exists: a pod may still run on them (its workload pod outlives the settlement),
+    so they count against the envelope until the ResourceClaim's allocation is gone (issue
+    21: else a tenant kept GPUs past settlement and beyond its envelope). What it consumed
+    (C) is committed already."""
     held = entry.devices
     if held is None or held.released or not entry.phase.terminal:
         return {}
-    return {name: amount for name, amount in entry.reserved.items() if name in DEVICE_CLASSES}
+    return {
+        name: amount
+        for name, amount in entry.released.items()
+        if name in DEVICE_CLASSES and amount > ZERO
+    }
 
 
 def _detached(entry: LedgerEntry) -> bool:

@@ -518,6 +518,7 @@ class LedgerWriter:
             namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
         )
         if resource_claims or placeholders or result.device_holds:
+            known = dict(self.devices.problems)
             await self.devices.sync(
                 by_uid,
                 result.device_holds,
@@ -533,6 +534,10 @@ class LedgerWriter:
                     if uid in by_uid
                 },
             )
+            if self.devices.problems != known:
+                # A hold refused (placement not allowed, a create refused) is the claim's
+                # queue reason: the next pass writes it (nothing else may wake one).
+                result.wake_at = now
         await self._release_settled(namespace, claims, result)
         await self._delete_expired(namespace, result.expired_claims)
         return result
