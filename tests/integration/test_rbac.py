@@ -34,7 +34,13 @@ def chart(cluster: ClusterHandle, crds: None) -> Iterator[tuple[str, str]]:
     """One cluster-wide release with the user roles (no operator pods: the tests run the
     operator themselves, with the release's ServiceAccount token)."""
     # The local cluster has its own placeholder PriorityClass (same name): not the release's.
-    values = {"replicaCount": 0, "placeholderPriorityClass.create": False}
+    # Its admission policies would refuse the namespaced release's operator (another
+    # ServiceAccount) its status writes: test_admission_policies.py tests them.
+    values = {
+        "replicaCount": 0,
+        "placeholderPriorityClass.create": False,
+        "admissionPolicy.enabled": False,
+    }
     with release(cluster, values, "--skip-crds") as installed:
         yield installed
 
