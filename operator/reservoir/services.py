@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,7 +12,7 @@ import kopf
 from lightkube import AsyncClient
 
 from reservoir.endpoints import Health
-from reservoir.k8s.devices import DeviceHolder
+from reservoir.k8s.devices import DeviceHolder, PlacementAllowList
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.pool_writer import PoolWriter
 from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
@@ -22,6 +23,19 @@ from reservoir.k8s.resources import FIELD_MANAGER, ReservationEnvelope
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
     """Kubernetes Events through kopf's poster (batched, non-blocking)."""
     kopf.event(dict(obj), type=type_, reason=reason, message=message[:1000])  # type: ignore[arg-type]
+
+
+def placement_allow_list() -> PlacementAllowList | None:
+    """The administrator's allow-list of placement hints (reservoir-operator
+    --restrict-placement), or None: hints are copied as they are."""
+    given = os.environ.get("RESERVOIR_PLACEMENT_ALLOWED")
+    if not given:
+        return None
+    keys = json.loads(given)
+    return PlacementAllowList(
+        toleration_keys=frozenset(keys["tolerationKeys"]),
+        node_label_keys=frozenset(keys["nodeLabelKeys"]),
+    )
 
 
 @dataclass
@@ -35,7 +49,7 @@ class Services:
     def build(cls) -> Services:
         client = AsyncClient(field_manager=FIELD_MANAGER)
         priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
-        devices = DeviceHolder(client, priority_class)
+        devices = DeviceHolder(client, priority_class, placement_allow_list())
         # HTTP providers: the administrator's allow-list, caps and rates (the CLI's flags).
         providers = ProviderClient(client, ProviderHttp(ProviderSettings.from_env()))
         writer = LedgerWriter(client, post_event, devices=devices, providers=providers)

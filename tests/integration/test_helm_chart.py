@@ -36,9 +36,23 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
     "metrics.dashboard.enabled": (False, True),
     "placeholderPriorityClass.create": (True, False),
     "admissionPolicy.enabled": (True, False),
-    "providers.secrets": ([], ["provider-token"]),
     "providers.allowedHosts": ([], ["inference.example", "*.corp.example", "10.20.0.0/16"]),
+    "admissionPolicy.exemptGroups": (["system:masters"], []),
+    "placement.allowedTolerationKeys": (["nvidia.com/gpu"], []),
 }
+# The chart's ValidatingAdmissionPolicies, each with a binding of the same name.
+POLICIES = (
+    "branchclaims",
+    "operator-pods",
+    "operator-jobs",
+    "operator-resourceclaims",
+    "placeholder-priority",
+    "claim-devices",
+    "claim-resourceclaims",
+    "placement",
+    "status",
+    "provider-urls",
+)
 MONITORING = {
     "metrics.serviceMonitor.enabled": True,
     "metrics.prometheusRule.enabled": True,
@@ -111,6 +125,13 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--metrics-port=8080",
         "--placeholder-priority-class=reservoir-placeholder",
         "--transition-events=settlements",
+        "--restrict-placement",
+        "--allowed-toleration-key=nvidia.com/gpu",
+        "--allowed-node-label-key=kubernetes.io/hostname",
+        "--allowed-node-label-key=topology.kubernetes.io/zone",
+        "--allowed-node-label-key=topology.kubernetes.io/region",
+        "--allowed-node-label-key=node.kubernetes.io/instance-type",
+        "--allowed-node-label-key=nvidia.com/gpu.product",
         "--liveness=http://0.0.0.0:8081/healthz",
     ]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
@@ -130,17 +151,26 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
 
 
 def test_no_rule_uses_a_wildcard_or_touches_secrets() -> None:
-    """Unless providers.secrets names some (test_provider_rules_...)."""
+    """Issue 21: no Secret anywhere in the operator's own roles (it had `get` on the named
+    Secrets in every namespace, kube-system included); the one ClusterRole that names
+    Secrets is bound by a namespace that grants its token, and has get alone."""
     for values in ({}, {"watchNamespaces": ["a"]}):
+        bound = set()
         for doc in render(values):
+            if doc["kind"] in ("RoleBinding", "ClusterRoleBinding"):
+                bound.add(doc["roleRef"]["name"])
             for rule in doc.get("rules", []) if doc["kind"] in ("Role", "ClusterRole") else []:
                 for field in ("apiGroups", "resources", "verbs"):
                     assert "*" not in rule.get(field, []), f"{doc['metadata']['name']}: {rule}"
-                assert "secrets" not in rule.get("resources", []), doc["metadata"]["name"]
                 if doc["metadata"]["name"] == "rel-reservoir-metrics-reader":
                     assert rule == {"nonResourceURLs": ["/metrics"], "verbs": ["get"]}
+                    continue
+                assert not rule.get("nonResourceURLs"), doc["metadata"]["name"]
+                if doc["metadata"]["name"] == "rel-reservoir-provider-tokens":
+                    assert rule == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}
                 else:
-                    assert not rule.get("nonResourceURLs"), doc["metadata"]["name"]
+                    assert "secrets" not in rule.get("resources", []), doc["metadata"]["name"]
+        assert "rel-reservoir-provider-tokens" not in bound  # only a namespace binds it
 
 
 def test_metrics_auth_grants_the_reviews_and_a_reader_role_and_the_scrape_sends_a_token() -> None:
@@ -198,18 +228,12 @@ def operator_rules(docs: list[dict[str, Any]]) -> dict[tuple[str, str | None], l
     }
 
 
-def test_provider_rules_jobs_named_secrets_and_extra_rules() -> None:
-    """Upstream Jobs (watch, read, suspend, delete) and Pods (read) always; Secrets only by
-    the names providers.secrets lists, only get; providers.extraRules as given. Wherever the
-    operator's other namespaced rules are: the ClusterRole, or each watched namespace's Role
-    (never the namespaced release's ClusterRole)."""
+def test_provider_rules_jobs_and_extra_rules() -> None:
+    """Upstream Jobs (watch, read, suspend, delete) and Pods (read) always; no Secrets;
+    providers.extraRules as given. Wherever the operator's other namespaced rules are: the
+    ClusterRole, or each watched namespace's Role (never the namespaced release's
+    ClusterRole)."""
     extra = {"apiGroups": ["example.com"], "resources": ["trainings"], "verbs": ["get", "delete"]}
-    secret_rule = {
-        "apiGroups": [""],
-        "resources": ["secrets"],
-        "resourceNames": ["provider-token", "other-token"],
-        "verbs": ["get"],
-    }
     jobs = {
         "apiGroups": ["batch"],
         "resources": ["jobs"],
@@ -223,18 +247,13 @@ def test_provider_rules_jobs_named_secrets_and_extra_rules() -> None:
             assert {"apiGroups": [""], "resources": ["pods"], "verbs": ["get"]} in plain[key]
             assert not [r for r in plain[key] if "secrets" in r["resources"]], plain[key]
             assert extra not in plain[key]
-        values = {
-            **scope,
-            "providers.secrets": ["provider-token", "other-token"],
-            "providers.extraRules": [extra],
-        }
+        values = {**scope, "providers.extraRules": [extra]}
         rules = operator_rules(render(values))
         for key in where:
-            assert secret_rule in rules[key] and extra in rules[key], rules[key]
-            touching = [r for r in rules[key] if "secrets" in r["resources"]]
-            assert touching == [secret_rule], touching
+            assert extra in rules[key], rules[key]
+            assert not [r for r in rules[key] if "secrets" in r["resources"]], rules[key]
         if scope:
-            cluster_wide = rules[("ClusterRole", None)]
+            cluster_wide = operator_rules(render(values))[("ClusterRole", None)]
             assert not [r for r in cluster_wide if r["resources"][0] in ("jobs", "secrets")]
             assert extra not in cluster_wide
 
@@ -269,9 +288,14 @@ def test_the_schema_rejects_typos_and_wrong_types() -> None:
         # The selector's labels: the Deployment would no longer select its pods.
         {"podLabels": {"app.kubernetes.io/name": "other"}},
         {"podLabels": {"app.kubernetes.io/instance": "other"}},
-        # Provider Secrets are names; extra rules have no wildcard and no Secrets.
-        {"providers.secrets": "token"},
-        {"providers.secrets": ["Bad_Name"]},
+        # No Secrets by name any more (a namespace grants them); extra rules have no
+        # wildcard and no Secrets.
+        {"providers.secrets": ["provider-token"]},
+        # Allow-lists are label keys; exempt groups are names.
+        {"placement.allowedTolerationKeys": ["bad key"]},
+        {"placement.allowedNodeLabelKeys": "kubernetes.io/hostname"},
+        {"admissionPolicy.protectedNamespaces": ["Kube_System"]},
+        {"admissionPolicy.exemptGroups": ["a'b"]},
         {"providers.extraRules": [{"apiGroups": ["*"], "resources": ["x"], "verbs": ["get"]}]},
         {"providers.extraRules": [{"apiGroups": ["a"], "resources": ["*"], "verbs": ["get"]}]},
         {"providers.extraRules": [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]}]},
@@ -555,10 +579,15 @@ def test_install_upgrade_uninstall(
         ("clusterrole", "reservoir-viewer", None),
         ("priorityclass", f"{name}-placeholder", None),
         ("clusterkopfpeering", full, None),
-        ("validatingadmissionpolicy", f"{full}-branchclaims", None),
-        ("validatingadmissionpolicybinding", f"{full}-branchclaims", None),
-        ("validatingadmissionpolicy", f"{full}-provider-urls", None),
-        ("validatingadmissionpolicybinding", f"{full}-provider-urls", None),
+        ("clusterrole", f"{full}-provider-tokens", None),
+        ("clusterrole", f"{full}-metrics-auth", None),
+        ("clusterrolebinding", f"{full}-metrics-auth", None),
+        ("clusterrole", f"{full}-metrics-reader", None),
+        *(
+            (kind, f"{full}-{policy}", None)
+            for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding")
+            for policy in POLICIES
+        ),
         ("crd", "reservationenvelopes.reservoir.dev", None),
         ("crd", "branchclaims.reservoir.dev", None),
         ("crd", "clusterkopfpeerings.kopf.dev", None),
@@ -574,7 +603,8 @@ def test_install_upgrade_uninstall(
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]
     cluster_scoped = cluster_scoped_of(cluster, name)
-    assert len(cluster_scoped) == 11, cluster_scoped  # the 11 cluster-scoped objects above
+    # the cluster-scoped objects above
+    assert len(cluster_scoped) == sum(1 for e in expected if e[2] is None and e[0] != "crd")
 
     # Upgrade: replicas, resources, and the operator limited to one namespace.
     helm(
@@ -622,3 +652,62 @@ def test_install_upgrade_uninstall(
         "edit to drop the worker's rules",
         lambda: "branchclaims" not in cluster.kubectl("get", "clusterrole", "edit", "-o", "yaml"),
     )
+
+
+def rules_text(policy: dict[str, Any]) -> str:
+    return "\n".join(
+        f"{v['expression']}\n{v.get('message', '')}" for v in policy["spec"]["validations"]
+    )
+
+
+def policies(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        d["metadata"]["name"].removeprefix("rel-reservoir-"): d
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicy"
+    }
+
+
+def test_the_admission_policies_bind_the_operator_and_keep_its_own_from_others() -> None:
+    """Issue 21: each policy is bound (Deny); the operator's are matched on its
+    ServiceAccount's username, the tenant-facing ones let only it (and the exempt groups)
+    through; the protected namespaces always include the release's own; the constants the
+    policies share with the operator (the pause image, the device classes) are its."""
+    from reservoir.core.model import DEVICE_CLASSES
+    from reservoir.k8s.devices import PAUSE_IMAGE
+
+    docs = render({}, namespace="ops")
+    found = policies(docs)
+    assert set(found) == set(POLICIES)
+    bindings = {
+        d["spec"]["policyName"]: d["spec"]["validationActions"]
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    assert bindings == {f"rel-reservoir-{name}": ["Deny"] for name in found}
+    operator = "request.userInfo.username == 'system:serviceaccount:ops:rel-reservoir'"
+    for name in ("operator-pods", "operator-jobs", "operator-resourceclaims"):
+        assert found[name]["spec"]["matchConditions"][0]["expression"] == operator
+        first = found[name]["spec"]["validations"][0]["expression"]
+        assert (
+            first == '!(request.namespace in ["kube-system","kube-public","kube-node-lease","ops"])'
+        )
+    for name in ("placeholder-priority", "status"):
+        text = rules_text(found[name])
+        assert "system:serviceaccount:ops:rel-reservoir" in text and "system:masters" in text
+    pods = rules_text(found["operator-pods"])
+    assert f"c.image == '{PAUSE_IMAGE}'" in pods
+    assert "'reservoir-placeholder'" in pods
+    claims = rules_text(found["operator-resourceclaims"])
+    assert f"in {json.dumps(sorted(DEVICE_CLASSES.values()))}" in claims
+    assert 't.key in ["nvidia.com/gpu"]' in rules_text(found["placement"])
+    status = found["status"]["spec"]["matchConstraints"]["resourceRules"][0]["resources"]
+    assert sorted(status) == [
+        "branchclaims/status",
+        "reservationenvelopes/status",
+        "reservationpools/status",
+    ]
+    assert not policies(render({"admissionPolicy.enabled": False}))
+    # No exempt group: nobody but the operator passes.
+    strict = policies(render({"admissionPolicy.exemptGroups": []}))
+    assert "system:masters" not in rules_text(strict["status"])

@@ -44,6 +44,7 @@ from tests.integration.test_metrics import samples, scrape, value
 
 TOKEN = "s3cret-provider-token"
 ENVELOPE_LABEL = "reservoir.dev/envelope"
+CLAIM_LABEL = "reservoir.dev/claim"
 SHORT_LEASE = 2  # seconds: no test heartbeats, so a dispatched claim goes Detached soon
 
 
@@ -103,12 +104,14 @@ def create_job(
     usage: dict[str, str] | None = None,
     result: str | None = None,
     suspended: bool = False,
+    claim: str | None = None,
 ) -> None:
     """A Job labelled for its envelope (the operator's Job watch wakes the envelope's
     writer as it changes). It starts at once, and its pod waits behind a scheduling gate:
     the Job is running until `finish_job` lifts the gate (KWOK then runs the pod to
     completion) or `fail_job` gives it a deadline already past. `suspended`: created
-    suspended (queued, as Kueue creates Jobs) until `resume_job`."""
+    suspended (queued, as Kueue creates Jobs) until `resume_job`. `claim`: labelled
+    reservoir.dev/claim with it, the owner's consent to its deletion by that claim."""
     annotations = {}
     if usage is not None:
         annotations["reservoir.dev/usage"] = json.dumps(usage)
@@ -129,7 +132,7 @@ def create_job(
         "metadata": {
             "name": name,
             "namespace": ns,
-            "labels": {ENVELOPE_LABEL: envelope},
+            "labels": {ENVELOPE_LABEL: envelope, **({CLAIM_LABEL: claim} if claim else {})},
             "annotations": annotations,
         },
         "spec": spec,
@@ -407,8 +410,9 @@ def test_a_cancel_is_forwarded_to_a_job_by_suspending_or_deleting_it_per_policy(
             providerLookupMaxSeconds=2,
         )
     # Jobs that start and keep running (their pods wait behind a scheduling gate).
-    for job, envelope in (("js", "wfs"), ("jd", "wfd"), ("jn", "wfs")):
+    for job, envelope in (("js", "wfs"), ("jn", "wfs")):
         create_job(cluster, ns, job, envelope)
+    create_job(cluster, ns, "jd", "wfd", claim="d")  # the Job's owner lets claim d delete it
     cancellable = {**job_upstream("js"), "supportsCancel": True}
     sdk.hold("wfs", "s", {"tokens": "20"}, name="s", dispatch=True, upstream=cancellable)
     cancellable = {**job_upstream("jd"), "supportsCancel": True}

@@ -149,3 +149,118 @@ def test_sync_says_whether_every_recorded_hand_off_gate_is_lifted() -> None:
     assert sync(200, gated([HAND_OFF_GATE])) == (True, 1)
     assert sync(404, gated([HAND_OFF_GATE])) == (True, 1), "a pod gone has no gate to lift"
     assert sync(500, gated(["someone-else"])) == (True, 0), "nothing of ours to lift"
+
+
+def test_a_gated_pod_mounting_another_claims_devices_is_not_this_claims_workload() -> None:
+    """Issue 21: a pod labelled for claim x but referencing claim y's ResourceClaim would be
+    handed x's hold and have its gate lifted, then run on y's devices."""
+    uid, other = "0f0e0d0c-0b0a-4909-8807-060504030201", "11111111-2222-4333-8444-555555555555"
+    body = claim()
+    body["metadata"]["uid"] = uid  # type: ignore[index]
+
+    def gated(name: str, resource_claim: str) -> dict[str, object]:
+        return {
+            "metadata": {"name": name, "uid": f"pod-{name}", "creationTimestamp": "2026"},
+            "spec": {
+                "schedulingGates": [{"name": "reservoir.dev/hand-off"}],
+                "resourceClaims": [{"name": "d", "resourceClaimName": resource_claim}],
+            },
+        }
+
+    own, hostile = gated("own", f"reservoir-{uid}"), gated("hostile", f"reservoir-{other}")
+    facts = claim_facts(body, None, [hostile])
+    assert not isinstance(facts, InvalidClaim) and facts.pod is None
+    facts = claim_facts(body, None, [hostile, own])
+    assert not isinstance(facts, InvalidClaim) and facts.pod is not None
+    assert facts.pod.gated_pod == "pod-own" and facts.pod.uids == frozenset({"pod-own"})
+    # A ResourceClaim of the tenant's own (not Reservoir's) is the tenant's business.
+    mine = gated("mine", "reservoir-scratch")
+    facts = claim_facts(body, None, [mine])
+    assert not isinstance(facts, InvalidClaim) and facts.pod is not None
+
+
+def test_placement_hints_outside_the_allow_list_are_refused() -> None:
+    from reservoir.k8s.devices import PlacementAllowList
+
+    allowed = PlacementAllowList(
+        toleration_keys=frozenset({"nvidia.com/gpu"}),
+        node_label_keys=frozenset({"kubernetes.io/hostname", "zone"}),
+    )
+    gpu = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+    fine = {
+        "tolerations": [gpu],
+        "nodeSelector": {"kubernetes.io/hostname": "gpu-node-2"},
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [{"key": "zone", "operator": "In"}]}]
+                },
+                "preferredDuringSchedulingIgnoredDuringExecution": [
+                    {"weight": 1, "preference": {"matchExpressions": [{"key": "zone"}]}}
+                ],
+            }
+        },
+    }
+    assert allowed.problem(fine) is None and allowed.problem({}) is None
+    refused = {
+        "toleration key '(none: every taint)' is not allowed": {
+            "tolerations": [{"operator": "Exists"}]
+        },
+        "toleration key 'node-role.kubernetes.io/control-plane' is not allowed": {
+            "tolerations": [gpu, {"key": "node-role.kubernetes.io/control-plane"}]
+        },
+        "nodeSelector key 'team' is not allowed": {"nodeSelector": {"team": "b"}},
+        "podAffinity is not allowed": {"affinity": {"podAffinity": {"x": 1}}},
+        "podAntiAffinity is not allowed": {"affinity": {"podAntiAffinity": {"x": 1}}},
+        "nodeAffinity matchFields are not allowed": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name"}]}]
+                    }
+                }
+            }
+        },
+        "nodeAffinity key 'team' is not allowed": {
+            "affinity": {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 1, "preference": {"matchExpressions": [{"key": "team"}]}}
+                    ]
+                }
+            }
+        },
+    }
+    for problem, hints in refused.items():
+        assert allowed.problem(hints) == problem
+
+
+async def test_the_operator_holds_nothing_on_refused_hints_and_says_why() -> None:
+    """Issue 21: hints are copied onto a priority-1,000,000 pod; with an allow-list (the
+    chart's --restrict-placement) refused ones create neither the ResourceClaim nor the
+    placeholder, and the claim's queue reason names the refusal."""
+    from reservoir.k8s.devices import DeviceHolder, PlacementAllowList
+
+    class Recording:
+        def __init__(self) -> None:
+            self.created: list[str] = []
+
+        async def create(self, obj: object, namespace: str) -> None:
+            self.created.append(type(obj).__name__)
+
+    client = Recording()
+    holder = DeviceHolder(client, "reservoir-placeholder", PlacementAllowList())  # type: ignore[arg-type]
+    body = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"},
+        "spec": {"envelope": "e", "placement": {"tolerations": [{"operator": "Exists"}]}},
+    }
+    await holder.sync({"u-1": body}, {"u-1": {"nvidia.com/gpu": 1}}, {}, {})
+    assert client.created == []
+    waiting = holder.facts({}, {})["u-1"].waiting
+    assert waiting is not None and waiting.startswith(
+        "spec.placement refused by the administrator's allow-list: toleration key"
+    )
+    # Without an allow-list (a local run without the chart) the hints are copied.
+    open_holder = DeviceHolder(client, "reservoir-placeholder")  # type: ignore[arg-type]
+    await open_holder.sync({"u-1": body}, {"u-1": {"nvidia.com/gpu": 1}}, {}, {})
+    assert client.created == ["ResourceClaim", "Pod"]

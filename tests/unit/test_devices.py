@@ -51,14 +51,19 @@ def test_settled_devices_are_free_only_once_the_allocation_is_gone() -> None:
     sim.cancel("a").reconcile()
     entry = sim.entry("a")
     assert entry.phase is ClaimPhase.RELEASED
-    assert sim.total("available", GPU) == "8"  # the budget is back at once ...
+    assert sim.total("available", "tokens") == "100"  # the rest of the budget is back ...
     assert entry.devices is not None and not entry.devices.released  # ... the devices not yet
+    # Issue 21: they count against the envelope until the scheduler confirms the release (a
+    # pod may still run on them); they used to be available at once.
+    assert sim.total("available", GPU) == "6" and sim.total("reserved", GPU) == "2"
     assert sim.last is not None and "a" not in sim.last.device_holds  # let them go
     sim.mirror().reconcile()
     assert "a" in sim.status.entries  # not compacted while the devices are occupied
+    assert sim.total("available", GPU) == "6"
 
     sim.deallocate("a").reconcile()
     assert sim.entry("a").devices.released  # type: ignore[union-attr]
+    assert sim.total("available", GPU) == "8"
     assert sim.reasons("a").count("DevicesReleased") == 1
     sim.reconcile().mirror().reconcile()
     assert "a" not in sim.status.entries
@@ -296,3 +301,39 @@ def test_a_handed_off_pod_past_its_gate_when_the_lease_lapses_is_held() -> None:
     sim.allocate("a").reconcile().pod("a", gated=True).reconcile()
     sim.pod("a", scheduled=True).tick(6).reconcile()
     assert sim.phase("a") is ClaimPhase.DETACHED and sim.total("reconciling", GPU) == "2"
+
+
+def test_devices_still_allocated_after_settlement_are_not_lent_to_a_new_claim() -> None:
+    """Issue 21: a tenant whose pod keeps a settled claim's devices (its allocation stays
+    while a pod uses it) must not get the same number of devices again from its envelope:
+    with 8 GPUs, 6 in a settled but still allocated claim, a new claim for 4 waits."""
+    sim = gpu_sim().create("a", {GPU: "6"}).allocate("a").reconcile()
+    sim.cancel("a").reconcile().mirror().reconcile()
+    assert sim.phase("a") is ClaimPhase.RELEASED
+    sim.tick().create("b", {GPU: "4"}).reconcile()
+    assert sim.last is not None and sim.last.pending["b"].reason == "InsufficientCapacity"
+    # Seen only at the end or step by step, the same: once the allocation is gone, b fits.
+    sim.deallocate("a").reconcile().reconcile()
+    assert sim.last is not None and sim.last.pending["b"].reason == "AwaitingDevices"
+    assert sim.last.device_holds == {"b": {GPU: 4}}  # asked of the scheduler only now
+
+
+def test_an_envelope_closes_only_once_its_settled_devices_are_free() -> None:
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.cancel("a").reconcile()
+    sim.close().reconcile().mirror().reconcile()
+    assert sim.status.closed_at is None  # the devices may still be in use
+    sim.deallocate("a").reconcile().mirror().reconcile()
+    assert sim.status.closed_at is not None
+    assert sim.status.balance_released.get(GPU) == 8
+
+
+def test_what_a_settled_claim_consumed_of_its_devices_is_not_counted_twice() -> None:
+    """C is committed at settlement; only R − C waits for the scheduler's release."""
+    sim = gpu_sim().create("a", {GPU: "2"}, dispatch=True).allocate("a").reconcile()
+    sim.update("a", usage={GPU: "1"}, final=True, outcome="Succeeded").reconcile()
+    assert sim.phase("a") is ClaimPhase.CONSUMED
+    assert sim.total("committed", GPU) == "1" and sim.total("reserved", GPU) == "1"
+    assert sim.total("available", GPU) == "6"
+    sim.deallocate("a").reconcile()
+    assert sim.total("committed", GPU) == "1" and sim.total("available", GPU) == "7"

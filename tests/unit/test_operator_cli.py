@@ -54,6 +54,9 @@ def test_help_lists_every_flag_with_its_default() -> None:
         "--provider-max-in-flight-per-namespace": "4",
         "--provider-calls-per-second-per-namespace": "2.0",
         "--provider-burst-per-namespace": "10",
+        "--restrict-placement": "False",
+        "--allowed-toleration-key": "[]",
+        "--allowed-node-label-key": "[]",
     }.items():
         assert flag in text
         after = text[text.index(flag) :]
@@ -173,3 +176,34 @@ def test_readiness_reflects_start_up_and_the_latest_reconcile() -> None:
     assert health.problem() is not None and "ConnectError" in health.problem()  # type: ignore[operator]
     health.succeeded()
     assert health.problem() is None
+
+
+def test_the_placement_allow_list_reaches_the_device_holder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The chart's --restrict-placement and keys become the allow-list the operator checks
+    before it copies hints onto a placeholder; without the flag, none (hints copied)."""
+    import json
+
+    from reservoir.services import placement_allow_list
+
+    args = parse(
+        [
+            "--restrict-placement",
+            "--allowed-toleration-key=nvidia.com/gpu",
+            "--allowed-node-label-key=kubernetes.io/hostname",
+            "--allowed-node-label-key=zone",
+        ]
+    )
+    assert args.restrict_placement
+    given = {
+        "tolerationKeys": args.allowed_toleration_key,
+        "nodeLabelKeys": args.allowed_node_label_key,
+    }
+    monkeypatch.setenv("RESERVOIR_PLACEMENT_ALLOWED", json.dumps(given))
+    allowed = placement_allow_list()
+    assert allowed is not None
+    assert allowed.toleration_keys == {"nvidia.com/gpu"}
+    assert allowed.node_label_keys == {"kubernetes.io/hostname", "zone"}
+    monkeypatch.delenv("RESERVOIR_PLACEMENT_ALLOWED")
+    assert placement_allow_list() is None

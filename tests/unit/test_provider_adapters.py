@@ -443,8 +443,12 @@ async def test_an_unreadable_secret_says_which_and_what_to_do(code: int) -> None
         policy = http_policy(provider.status_url, provider.cancel_url, secret=True)
         got = await client.look_up("ns", http_claim(), policy)
         assert got.state is S.UNKNOWN and got.error is not None
-        assert "Secret provider-token" in got.error and f"HTTP {code}" in got.error
-        assert "providers.secrets" in got.error and len(got.error) <= MAX_ERROR_LENGTH
+        assert "Secret provider-token" in got.error and len(got.error) <= MAX_ERROR_LENGTH
+        if code == 403:  # the grant that is missing, and where (README "Security model")
+            assert "not granted (bind <release>-provider-tokens" in got.error
+            assert "-provider-tokens to the operator in ns)" in got.error
+        else:
+            assert "not found" in got.error
         done, cancel = await client.forward_cancel(
             "ns", http_claim(), policy, UpstreamCancel.SUSPEND
         )
@@ -512,14 +516,22 @@ async def test_forwarding_a_cancel_over_http() -> None:
 async def test_forwarding_a_cancel_to_objects() -> None:
     kube = FakeKube()
     client = client_for(kube)
-    kube.objects[("Job", "train-7")] = obj()
+    # The owner's consent to a deletion: the object is labelled with the claim's name.
+    kube.objects[("Job", "train-7")] = obj(labels={"reservoir.dev/claim": "c"})
     suspend, delete = UpstreamCancel.SUSPEND, UpstreamCancel.DELETE
     suspended = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend)
     assert suspended == (True, "suspended the Job")
     assert kube.calls[-1][:4] == ("patch", "Job", "train-7", {"spec": {"suspend": True}})
     assert kube.calls[-1][4]["namespace"] == "ns"
     assert kube.calls[-1][4]["patch_type"].value == "application/merge-patch+json"
-    deleted = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, delete)
+    for other in ("", "d"):  # no claim's, or another claim's: not deleted
+        done, text = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, delete, other)
+        assert (done, text) == (
+            False,
+            f"not forwarded: Job train-7 is not labelled reservoir.dev/claim={other}",
+        )
+        assert kube.calls[-1][0] != "delete"
+    deleted = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, delete, "c")
     assert deleted == (True, "deleted Job train-7")
     assert kube.calls[-1][:3] == ("delete", "Job", "train-7")
     assert kube.calls[-1][3]["cascade"].value == "Background"
@@ -528,16 +540,17 @@ async def test_forwarding_a_cancel_to_objects() -> None:
     done, text = await client.forward_cancel("ns", pod, NO_PROVIDER, suspend)
     assert not done
     assert text == "not forwarded: a Pod cannot be suspended (policy Delete deletes it)"
-    kube.objects[("Pod", "w-1")] = obj("Pod", "w-1")
-    assert await client.forward_cancel("ns", pod, NO_PROVIDER, delete) == (True, "deleted Pod w-1")
+    kube.objects[("Pod", "w-1")] = obj("Pod", "w-1", labels={"reservoir.dev/claim": "c"})
+    deleted = await client.forward_cancel("ns", pod, NO_PROVIDER, delete, "c")
+    assert deleted == (True, "deleted Pod w-1")
 
     training = job_claim(apiVersion="example.com/v1", kind="Training", name="t1")
     done, text = await client.forward_cancel("ns", training, NO_PROVIDER, suspend)
     assert (done, text) == (False, "not forwarded: only Jobs can be suspended")
-    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, delete)
+    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, delete, "c")
     assert (done, text) == (False, "not forwarded: Training t1 not found")
     kube.errors[("Training", "t1")] = api_error(403)
-    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, delete)
+    done, text = await client.forward_cancel("ns", training, NO_PROVIDER, delete, "c")
     assert (done, text) == (False, "failed: Training t1: HTTP 403 Reason")
     kube.errors[("Job", "train-7")] = RuntimeError("x" * 500)
     done, text = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, suspend)

@@ -114,3 +114,73 @@ app.kubernetes.io/instance: {{ .Release.Name }}
   verbs: ["list", "watch"]
 {{- end }}
 {{- end }}
+
+{{/* The operator's identity as the API server sees it: the admission policies bind it. */}}
+{{- define "reservoir.operatorUser" -}}
+system:serviceaccount:{{ .Release.Namespace }}:{{ include "reservoir.serviceAccountName" . }}
+{{- end }}
+
+{{/* A CEL condition: the request is the operator's own. */}}
+{{- define "reservoir.byOperator" -}}
+request.userInfo.username == '{{ include "reservoir.operatorUser" . }}'
+{{- end }}
+
+{{/* A CEL condition: neither the operator nor an exempt group (admissionPolicy.exemptGroups). */}}
+{{- define "reservoir.byOthers" -}}
+request.userInfo.username != '{{ include "reservoir.operatorUser" . }}'
+{{- with .Values.admissionPolicy.exemptGroups }} && !({{ toJson . }}.exists(g, has(request.userInfo.groups) && g in request.userInfo.groups)){{ end }}
+{{- end }}
+
+{{/* CEL: the namespaces the operator never writes workloads in (a list literal). */}}
+{{- define "reservoir.protectedNamespaces" -}}
+{{- toJson (uniq (append .Values.admissionPolicy.protectedNamespaces .Release.Namespace)) }}
+{{- end }}
+
+{{/* CEL list literals of the placement allow-lists. Pods also carry the tolerations the
+     API server's DefaultTolerationSeconds plugin adds to every pod. */}}
+{{- define "reservoir.tolerationKeys" -}}
+{{- toJson .Values.placement.allowedTolerationKeys }}
+{{- end }}
+{{- define "reservoir.podTolerationKeys" -}}
+{{- toJson (uniq (concat .Values.placement.allowedTolerationKeys (list "node.kubernetes.io/not-ready" "node.kubernetes.io/unreachable"))) }}
+{{- end }}
+{{- define "reservoir.nodeLabelKeys" -}}
+{{- toJson .Values.placement.allowedNodeLabelKeys }}
+{{- end }}
+
+{{/* CEL over `p`, a placement (a claim's spec.placement or a pod's spec): every
+     toleration key, nodeSelector key and nodeAffinity key is allowed, no pod affinity.
+     Arguments: (list $ "<cel expr of p>" "<toleration keys list>"). */}}
+{{- define "reservoir.placementAllowed" -}}
+{{- $p := index . 1 }}{{ $tolerations := index . 2 }}{{ $nodeKeys := include "reservoir.nodeLabelKeys" (index . 0) -}}
+(!has({{ $p }}.tolerations) || {{ $p }}.tolerations.all(t, has(t.key) && t.key in {{ $tolerations }}))
+  && (!has({{ $p }}.nodeSelector) || {{ $p }}.nodeSelector.all(k, k in {{ $nodeKeys }}))
+  && (!has({{ $p }}.affinity) || (!has({{ $p }}.affinity.podAffinity) && !has({{ $p }}.affinity.podAntiAffinity)
+    && (!has({{ $p }}.affinity.nodeAffinity) || (
+      (!has({{ $p }}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution)
+        || {{ $p }}.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms.all(term,
+          !has(term.matchFields) && (!has(term.matchExpressions) || term.matchExpressions.all(e, e.key in {{ $nodeKeys }}))))
+      && (!has({{ $p }}.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution)
+        || {{ $p }}.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution.all(w,
+          !has(w.preference.matchFields) && (!has(w.preference.matchExpressions) || w.preference.matchExpressions.all(e, e.key in {{ $nodeKeys }}))))))))
+{{- end }}
+
+{{/* CEL: `o` and `old` agree on the optional field `f` (both absent, or equal).
+     Arguments: (list "<field path after object./oldObject.>"). */}}
+{{- define "reservoir.same" -}}
+(has(object.{{ . }}) == has(oldObject.{{ . }}) && (!has(object.{{ . }}) || object.{{ . }} == oldObject.{{ . }}))
+{{- end }}
+
+{{/* The DeviceClasses of Reservoir's ResourceClaims: the values of
+     reservoir.core.model.DEVICE_CLASSES (tests/integration/test_helm_chart.py checks). */}}
+{{- define "reservoir.deviceClasses" -}}
+["gpu.reservoir.dev"]
+{{- end }}
+{{/* The placeholder pods' image: reservoir.k8s.devices.PAUSE_IMAGE (checked likewise). */}}
+{{- define "reservoir.pauseImage" -}}
+registry.k8s.io/pause:3.10
+{{- end }}
+{{/* A ResourceClaim name Reservoir makes: reservoir-<claim uid>. */}}
+{{- define "reservoir.claimNamePattern" -}}
+^reservoir-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$
+{{- end }}

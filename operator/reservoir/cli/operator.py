@@ -4,6 +4,7 @@ service account."""
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import random
@@ -79,6 +80,27 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         default="reservoir-placeholder",
         help="PriorityClass of the placeholder pods that hold GPU claims' devices (the chart "
         "and the local cluster create it: preemptionPolicy Never); '' for none",
+    )
+    parser.add_argument(
+        "--restrict-placement",
+        action="store_true",
+        help="copy onto placeholder pods only the placement hints the allow-lists below name "
+        "(the chart always sets it); a claim asking for more waits Pending with the reason. "
+        "Without it, hints are copied as they are",
+    )
+    parser.add_argument(
+        "--allowed-toleration-key",
+        metavar="KEY",
+        action="append",
+        default=[],
+        help="a toleration key claims' placement may ask for (repeatable)",
+    )
+    parser.add_argument(
+        "--allowed-node-label-key",
+        metavar="KEY",
+        action="append",
+        default=[],
+        help="a node label key claims' nodeSelector and nodeAffinity may name (repeatable)",
     )
     parser.add_argument(
         "--transition-events",
@@ -255,6 +277,13 @@ def main(argv: list[str] | None = None) -> int:
         args.provider_calls_per_second_per_namespace
     )
     os.environ["RESERVOIR_PROVIDER_BURST_PER_NAMESPACE"] = str(args.provider_burst_per_namespace)
+    if args.restrict_placement:
+        os.environ["RESERVOIR_PLACEMENT_ALLOWED"] = json.dumps(
+            {
+                "tolerationKeys": args.allowed_toleration_key,
+                "nodeLabelKeys": args.allowed_node_label_key,
+            }
+        )
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
     kopf_readiness.apply()  # start-up in O(objects), not O(objects²): see the module

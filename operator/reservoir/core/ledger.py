@@ -17,6 +17,7 @@ from collections.abc import Iterable, Mapping
 from decimal import Decimal
 
 from reservoir.core.model import (
+    DEVICE_CLASSES,
     SUMMARY_LENGTH,
     ChildEntry,
     ChildPhase,
@@ -93,6 +94,8 @@ def compute_totals(
     entries = list(entries)
     lent, borrowed = lent or {}, borrowed or {}
     held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
+    # A settled claim's devices stay held until the scheduler confirms their release.
+    held = add(held, total(devices_in_use(e) for e in entries))
     # What failed attempts keep for their branch's next attempt is reserved for it.
     held = add(held, total(e.retry.resources for e in entries if e.retry and e.retry.active))
     held = add(held, total(c.reserved for c in children if c.phase is ChildPhase.RESERVED))
@@ -113,6 +116,22 @@ def compute_totals(
     )
     check_invariant(totals)
     return totals
+
+
+def devices_in_use(entry: LedgerEntry) -> dict[str, Decimal]:
+    """What a settled claim returned of its device resources (R − C) while its allocation
+    still exists: a pod may still run on them (its workload pod outlives the settlement),
+    so they count against the envelope until the ResourceClaim's allocation is gone (issue
+    21: else a tenant kept GPUs past settlement and beyond its envelope). What it consumed
+    (C) is committed already."""
+    held = entry.devices
+    if held is None or held.released or not entry.phase.terminal:
+        return {}
+    return {
+        name: amount
+        for name, amount in entry.released.items()
+        if name in DEVICE_CLASSES and amount > ZERO
+    }
 
 
 def _detached(entry: LedgerEntry) -> bool:

@@ -392,7 +392,7 @@ class ProviderEndpoint(Model):
     token_secret: SecretKeyRef | None = Field(
         default=None,
         description="A bearer token for both calls, from a Secret the operator is allowed "
-        "to read (the chart's providers.secrets).",
+        'to read: its namespace grants it (README "Security model").',
     )
 
 

@@ -48,7 +48,15 @@ from reservoir.core.budgets import (
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
-from reservoir.core.ledger import ZERO, add, compute_totals, fits, one_line, subtract
+from reservoir.core.ledger import (
+    ZERO,
+    add,
+    compute_totals,
+    devices_in_use,
+    fits,
+    one_line,
+    subtract,
+)
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
@@ -861,7 +869,7 @@ def _queue_key(item: ClaimFacts | ChildFacts) -> QueueKey:
 def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: datetime) -> None:
     ledger = result.status
     live = (
-        any(e.phase.holds_capacity for e in ledger.entries.values())
+        any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
         or any(c.phase is ChildPhase.RESERVED for c in ledger.children.values())
         or any(loan.phase is LoanPhase.LENT for loan in ledger.loans.values())
     )

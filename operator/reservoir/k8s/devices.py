@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from lightkube import ApiError, AsyncClient
@@ -148,6 +149,46 @@ def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> di
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
 
 
+@dataclass(frozen=True)
+class PlacementAllowList:
+    """The placement hints the administrator lets claims copy onto a placeholder pod (of a
+    priority that jumps the queue): toleration keys, and node label keys for nodeSelector
+    and nodeAffinity. Pod affinity, matchFields and a toleration without a key (every
+    taint) are never allowed. The chart's admission policy refuses the same at `kubectl
+    apply`; this is the operator's own check before it copies anything."""
+
+    toleration_keys: frozenset[str] = frozenset()
+    node_label_keys: frozenset[str] = frozenset()
+
+    def problem(self, hints: Mapping[str, Any]) -> str | None:
+        """Why the hints are refused, or None."""
+        for toleration in hints.get("tolerations") or []:
+            key = toleration.get("key") if isinstance(toleration, Mapping) else None
+            if not key or key not in self.toleration_keys:
+                return f"toleration key {key or '(none: every taint)'!r} is not allowed"
+        for key in hints.get("nodeSelector") or {}:
+            if key not in self.node_label_keys:
+                return f"nodeSelector key {key!r} is not allowed"
+        affinity = hints.get("affinity") or {}
+        for kind in ("podAffinity", "podAntiAffinity"):
+            if affinity.get(kind):
+                return f"{kind} is not allowed"
+        node = affinity.get("nodeAffinity") or {}
+        required = node.get("requiredDuringSchedulingIgnoredDuringExecution") or {}
+        terms = list(required.get("nodeSelectorTerms") or [])
+        terms += [
+            p.get("preference") or {}
+            for p in node.get("preferredDuringSchedulingIgnoredDuringExecution") or []
+        ]
+        for term in terms:
+            if term.get("matchFields"):
+                return "nodeAffinity matchFields are not allowed"
+            for expression in term.get("matchExpressions") or []:
+                if expression.get("key") not in self.node_label_keys:
+                    return f"nodeAffinity key {expression.get('key')!r} is not allowed"
+        return None
+
+
 def device_facts(
     resource_claim: Mapping[str, Any], placeholder: Mapping[str, Any] | None
 ) -> DeviceFacts:
@@ -197,9 +238,16 @@ def _allocated_node(allocation: Mapping[str, Any], results: list[Any]) -> str | 
 class DeviceHolder:
     """Creates and deletes the ResourceClaims and placeholder pods the ledger asks for."""
 
-    def __init__(self, client: AsyncClient, priority_class: str | None) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        priority_class: str | None,
+        placement: PlacementAllowList | None = None,
+    ) -> None:
         self.client = client
         self.priority_class = priority_class
+        # None: hints are copied as they are (a local operator run without the chart)
+        self.placement = placement
         # claim uid -> why its ResourceClaim or placeholder could not be created: shown as
         # the claim's queue reason, since no scheduler condition will ever explain it
         self.problems: dict[str, str] = {}
@@ -265,6 +313,10 @@ class DeviceHolder:
             claim = claims.get(uid)
             if claim is None or claim["metadata"].get("deletionTimestamp"):
                 continue  # going: its owner references take both objects with it
+            refused = self._placement_problem(claim)
+            if refused is not None:
+                self.problems[uid] = refused
+                continue  # nothing is held on hints the administrator does not allow
             problems = []
             if uid not in resource_claims:
                 problems.append(
@@ -289,6 +341,15 @@ class DeviceHolder:
                 # disappearance is the scheduler-level confirmation that it is free.
                 await self._delete(ResourceClaim, rc)
         return lifted
+
+    def _placement_problem(self, claim: Mapping[str, Any]) -> str | None:
+        if self.placement is None:
+            return None
+        hints = claim["spec"].get("placement") or {}
+        problem = self.placement.problem(hints)
+        if problem is None:
+            return None
+        return f"spec.placement refused by the administrator's allow-list: {problem}"[:512]
 
     async def _lift_gate(self, pod: Mapping[str, Any]) -> bool:
         """Whether the pod's hand-off gate is gone now (lifted here, or already gone)."""

@@ -8,6 +8,7 @@ the claim: deadlines, force-settle and deletion go on working.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -187,6 +188,21 @@ def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
     )
 
 
+# A ResourceClaim Reservoir made: reservoir-<claim uid> (reservoir.k8s.devices).
+_RESERVOIR_RESOURCE_CLAIM = re.compile(r"^reservoir-[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}$")
+
+
+def mounts_others_devices(pod: Mapping[str, Any], uid: str) -> bool:
+    """A pod labelled for one claim that references another claim's ResourceClaim is not
+    that claim's workload pod: nothing is handed to it and its gate is never lifted (else
+    a tenant could run on devices held for another branch, found by review)."""
+    for ref in (pod.get("spec") or {}).get("resourceClaims") or []:
+        name = ref.get("resourceClaimName") or ""
+        if _RESERVOIR_RESOURCE_CLAIM.match(name) and name != f"reservoir-{uid}":
+            return True
+    return False
+
+
 def claim_facts(
     claim: Mapping[str, Any],
     lease: Mapping[str, Any] | None,
@@ -208,7 +224,7 @@ def claim_facts(
         heartbeat_holder=heartbeat_holder(lease),
         settled_record=settled_record(claim_status(claim), meta["uid"], meta["name"], spec.attempt),
         force_settle=annotations.get(FORCE_SETTLE_ANNOTATION),
-        pod=pod_facts(pods or []),
+        pod=pod_facts([p for p in pods or [] if not mounts_others_devices(p, meta["uid"])]),
         problem=problem,
     )
 

@@ -521,6 +521,7 @@ class LedgerWriter:
             namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
         )
         if resource_claims or placeholders or result.device_holds:
+            known = dict(self.devices.problems)
             lifted = await self.devices.sync(
                 by_uid,
                 result.device_holds,
@@ -541,6 +542,10 @@ class LedgerWriter:
                 # next claim event (issue 21 §3.5: the next pass was often the lease lapse).
                 retry = now + GATE_RETRY
                 result.wake_at = min(result.wake_at or retry, retry)
+            if self.devices.problems != known:
+                # A hold refused (placement not allowed, a create refused) is the claim's
+                # queue reason: the next pass writes it (nothing else may wake one).
+                result.wake_at = now
         await self._release_settled(namespace, claims, result)
         await self._delete_expired(namespace, result.expired_claims)
         return result
@@ -645,7 +650,9 @@ class LedgerWriter:
             return fact
         async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
-                done, text = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
+                done, text = await self.providers.forward_cancel(
+                    namespace, fact.spec, policy, how, fact.name
+                )
                 fact = replace(fact, cancel_forwarded=ForwardedCancel(how, done, text))
             if lookup:
                 suspended = suspended_by_cancel(entry)

@@ -69,6 +69,7 @@ from reservoir.k8s.provider_http import (
     UnreachableError,
 )
 from reservoir.k8s.provider_policy import check_template
+from reservoir.k8s.resources import CLAIM_LABEL
 
 log = logging.getLogger("reservoir.providers")
 
@@ -448,11 +449,15 @@ class ProviderClient:
         try:
             secret = await self.client.get(Secret, ref.name, namespace=namespace)
         except ApiError as error:
-            if error.status.code in (403, 404):
+            if error.status.code == 403:
+                # The operator reads no Secret until the namespace grants it (README
+                # "Security model"): say which grant is missing, where.
                 raise ProviderError(
-                    f"Secret {ref.name}: HTTP {error.status.code} (the chart's "
-                    "providers.secrets must list it)"
+                    f"Secret {ref.name}: not granted (bind "
+                    f"<release>-provider-tokens to the operator in {namespace})"
                 ) from None
+            if error.status.code == 404:
+                raise ProviderError(f"Secret {ref.name} not found") from None
             raise ProviderError(_api_failure(f"reading Secret {ref.name}", error)) from None
         data = secret.data or {}
         if ref.key not in data:
@@ -464,13 +469,18 @@ class ProviderClient:
         return {"Authorization": f"Bearer {token}"}
 
     async def forward_cancel(
-        self, namespace: str, spec: BranchClaimSpec, policy: EnvelopePolicy, how: UpstreamCancel
+        self,
+        namespace: str,
+        spec: BranchClaimSpec,
+        policy: EnvelopePolicy,
+        how: UpstreamCancel,
+        claim: str = "",
     ) -> tuple[bool, str]:
         """Ask the provider to cancel: whether it was forwarded, and what was done, in a few
         words (never raises). Even when forwarded, the cancel is only requested: the answer
         comes by lookup. One that was not forwarded is tried again on a later pass."""
         try:
-            text = await self._forward_cancel(namespace, spec, policy, how)
+            text = await self._forward_cancel(namespace, spec, policy, how, claim)
         except ProviderError as error:
             text = f"not forwarded: {error}"
         except Exception as error:  # never raise
@@ -478,13 +488,18 @@ class ProviderClient:
         return text.startswith(FORWARDED), cut(text)
 
     async def _forward_cancel(
-        self, namespace: str, spec: BranchClaimSpec, policy: EnvelopePolicy, how: UpstreamCancel
+        self,
+        namespace: str,
+        spec: BranchClaimSpec,
+        policy: EnvelopePolicy,
+        how: UpstreamCancel,
+        claim: str,
     ) -> str:
         if how is UpstreamCancel.NEVER:
             return "not forwarded: the envelope's upstreamCancel is Never"
         ref, endpoint, operation = spec.upstream.ref, policy.provider, spec.upstream.operation_id
         if ref is not None:
-            return await self._cancel_object(namespace, ref, how)
+            return await self._cancel_object(namespace, ref, how, claim)
         if endpoint is not None and operation:  # a cancel needs no status lookup
             return await self._cancel_http(namespace, endpoint, operation)
         return "not forwarded: no upstream.ref, and no provider endpoint"
@@ -501,7 +516,9 @@ class ProviderClient:
             return f"not forwarded: {not_called(namespace, 'cancel', error)}"
         return f"{REQUESTED} (HTTP {code})" if 200 <= code < 300 else f"refused (HTTP {code})"
 
-    async def _cancel_object(self, namespace: str, ref: ObjectRef, how: UpstreamCancel) -> str:
+    async def _cancel_object(
+        self, namespace: str, ref: ObjectRef, how: UpstreamCancel, claim: str
+    ) -> str:
         try:
             checked_name(ref.name, ref.kind)
         except ValueError as error:
@@ -524,6 +541,12 @@ class ProviderClient:
                 resource = resource_for(ref)
             except ValueError as error:
                 return f"not forwarded: {ref.kind} {ref.name}: {error}"
+            # Deleted only with its owner's consent: the object's label names the claim
+            # (the chart's admission policy refuses the operator any other delete).
+            target = _as_mapping(await self.client.get(resource, ref.name, namespace=namespace))
+            labels = (target.get("metadata") or {}).get("labels") or {}
+            if labels.get(CLAIM_LABEL) != claim:
+                return f"not forwarded: {ref.kind} {ref.name} is not labelled {CLAIM_LABEL}={claim}"
             await self.client.delete(
                 resource, ref.name, namespace=namespace, cascade=CascadeType.BACKGROUND
             )
