@@ -497,6 +497,9 @@ def test_install_upgrade_uninstall(
         ("configmap", f"{full}-dashboard", namespace),
         ("clusterrole", full, None),
         ("clusterrolebinding", full, None),
+        ("clusterrole", f"{full}-metrics-auth", None),
+        ("clusterrolebinding", f"{full}-metrics-auth", None),
+        ("clusterrole", f"{full}-metrics-reader", None),
         ("clusterrole", "reservoir-worker", None),
         ("clusterrole", "reservoir-envelope-editor", None),
         ("clusterrole", "reservoir-viewer", None),
@@ -519,7 +522,7 @@ def test_install_upgrade_uninstall(
     pods = json.loads(cluster.kubectl("get", "pods", "-n", namespace, "-o", "json"))["items"]
     assert len({p["spec"]["nodeName"] for p in pods}) == 2, [p["spec"]["nodeName"] for p in pods]
     cluster_scoped = cluster_scoped_of(cluster, name)
-    assert len(cluster_scoped) == 9, cluster_scoped  # the 9 cluster-scoped objects above
+    assert len(cluster_scoped) == 12, cluster_scoped  # the 12 cluster-scoped objects above
 
     # Upgrade: replicas, resources, and the operator limited to one namespace.
     helm(
