@@ -574,15 +574,15 @@ def test_install_upgrade_uninstall(
         ("configmap", f"{full}-dashboard", namespace),
         ("clusterrole", full, None),
         ("clusterrolebinding", full, None),
+        ("clusterrole", f"{full}-metrics-auth", None),
+        ("clusterrolebinding", f"{full}-metrics-auth", None),
+        ("clusterrole", f"{full}-metrics-reader", None),
         ("clusterrole", "reservoir-worker", None),
         ("clusterrole", "reservoir-envelope-editor", None),
         ("clusterrole", "reservoir-viewer", None),
         ("priorityclass", f"{name}-placeholder", None),
         ("clusterkopfpeering", full, None),
         ("clusterrole", f"{full}-provider-tokens", None),
-        ("clusterrole", f"{full}-metrics-auth", None),
-        ("clusterrolebinding", f"{full}-metrics-auth", None),
-        ("clusterrole", f"{full}-metrics-reader", None),
         *(
             (kind, f"{full}-{policy}", None)
             for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding")
