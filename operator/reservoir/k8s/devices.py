@@ -23,7 +23,7 @@ from lightkube.types import PatchType
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.model import API_GROUP, API_VERSION, DEVICE_CLASSES
 from reservoir.k8s import facts as read
-from reservoir.k8s.resources import ENVELOPE_LABEL, HAND_OFF_GATE
+from reservoir.k8s.resources import ENVELOPE_LABEL, HAND_OFF_GATE, BranchClaim, get_object
 
 log = logging.getLogger(__name__)
 
@@ -259,11 +259,19 @@ class DeviceHolder:
             if claim is None or claim["metadata"].get("deletionTimestamp"):
                 continue  # going: its owner references take both objects with it
             problems = []
-            if uid not in resource_claims:
+            make_claim = uid not in resource_claims
+            make_placeholder = uid not in placeholders and uid not in handed_off
+            if make_claim or make_placeholder:
+                # The claim's placement hints are not kept (the writer's records leave them
+                # out: they may be a megabyte): read fresh, once per hold made.
+                claim = await self._read_claim(claim)
+                if claim is None or claim["metadata"].get("deletionTimestamp"):
+                    continue
+            if make_claim:
                 problems.append(
                     await self._create(ResourceClaim, resource_claim_spec(claim, counts))
                 )
-            if uid not in placeholders and uid not in handed_off:
+            if make_placeholder:
                 problems.append(
                     await self._create(Pod, placeholder_spec(claim, self.priority_class))
                 )
@@ -281,6 +289,14 @@ class DeviceHolder:
                 # The API server keeps an allocated claim until no pod uses it; its
                 # disappearance is the scheduler-level confirmation that it is free.
                 await self._delete(ResourceClaim, rc)
+
+    async def _read_claim(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The claim of `record`, read fresh; None if it is gone or another claim now."""
+        meta = record["metadata"]
+        found = await get_object(self.client, BranchClaim, meta["name"], meta["namespace"])
+        if found is None or found["metadata"]["uid"] != meta["uid"]:
+            return None
+        return found
 
     async def _lift_gate(self, pod: Mapping[str, Any]) -> None:
         gates = (pod.get("spec") or {}).get("schedulingGates") or []
