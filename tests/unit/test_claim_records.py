@@ -154,6 +154,26 @@ def test_a_lease_with_a_megabyte_of_annotations_is_kept_in_a_few_kilobytes() -> 
     assert deep_size(indexed_lease(lease())) < RECORD_BOUND // 4
 
 
+def test_kopfs_copy_keeps_no_megabyte_once_indexed() -> None:
+    """kopf holds its copy of each object listed at start-up until every index is filled:
+    the indexers leave it small, with what the handlers that follow read (`adopt`)."""
+    body = claim(
+        {"affinity": affinity(MEGABYTE)},
+        finalizers=["other.example/keep"],
+        annotations={FORCE_SETTLE_ANNOTATION: "node lost", "note": "n" * MEGABYTE},
+    )
+    indexed_claim(body)
+    assert deep_size(body) < RECORD_BOUND
+    meta = body["metadata"]
+    assert meta["finalizers"] == ["other.example/keep"] and meta["ownerReferences"]
+    assert meta["annotations"] == {FORCE_SETTLE_ANNOTATION: "node lost"}
+    assert body["spec"]["envelope"] == "wf" and body["status"]["phase"] == "Committed"
+    held = lease()
+    indexed_lease(held)
+    assert deep_size(held) < RECORD_BOUND // 4
+    assert held["metadata"]["labels"] == {"reservoir.dev/envelope": "wf"}
+
+
 def test_a_record_gives_the_same_facts_as_the_whole_claim() -> None:
     """Every fact a decision reads survives: identity, versions, deletion, the force-settle
     annotation, the settlement its status records, the Lease's renewal."""

@@ -16,7 +16,7 @@ from lightkube import ApiError
 from lightkube.types import PatchType
 
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
-from reservoir.k8s.claim_source import claim_record
+from reservoir.k8s.claim_source import claim_record, shed
 from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
@@ -44,7 +44,9 @@ async def claims_by_envelope(
     claim is kept as its compact record: the fields decisions read, never its placement
     hints (`claim_record`). (The indexers are coroutines: kopf runs plain functions in a
     thread pool, a hand-off per event.)"""
-    return {(namespace or "", str(spec.get("envelope") or "")): claim_record(body)}
+    record = claim_record(body)
+    shed(body)  # kopf's copy: it may wait with it for every other object at start-up
+    return {(namespace or "", str(spec.get("envelope") or "")): record}
 
 
 @kopf.on.event(*CLAIMS)

@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 
-from reservoir.k8s.claim_source import lease_record
+from reservoir.k8s.claim_source import lease_record, shed
 from reservoir.k8s.resources import ENVELOPE_LABEL
 from reservoir.services import Services
 
@@ -19,7 +19,9 @@ async def leases_by_envelope(
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """The envelope's writer reads its claims' Leases from here, not by a LIST per pass
     (each as its compact record: `lease_record`)."""
-    return {(namespace or "", str(labels[ENVELOPE_LABEL])): lease_record(body)}
+    record = lease_record(body)
+    shed(body)  # kopf's copy: it may wait with it for every other object at start-up
+    return {(namespace or "", str(labels[ENVELOPE_LABEL])): record}
 
 
 @kopf.on.event(*LEASES, labels={ENVELOPE_LABEL: kopf.PRESENT})

@@ -15,6 +15,8 @@ from reservoir.k8s.claim_source import WatchedClaims
 from reservoir.k8s.resources import FINALIZER
 from reservoir.services import Services
 
+LIST_PAGE = 100  # objects per page of kopf's initial LIST of each kind
+
 
 class EssenceWithoutStatus(kopf.AnnotationsDiffBaseStorage):
     """kopf's change detection: the essence it compares leaves out the status (as kopf's
@@ -42,6 +44,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     # errors (a deletion waiting for settlement, say) become Events too.
     settings.posting.level = logging.WARNING
     settings.watching.server_timeout = 300
+    # The initial LIST of each kind in pages: kopf holds one page's objects whole until
+    # their indexers have made their records (`claim_source.shed`), not every object's.
+    settings.watching.chunk_size = LIST_PAGE
     memo.services = services = Services.build()
     # The ledger writers read claims and Leases from the watch-fed indexes (kopf fills them
     # before any daemon starts), confirming with a GET what a stale copy could change.
