@@ -15,7 +15,7 @@ from reservoir.k8s.claim_source import WatchedClaims
 from reservoir.k8s.resources import FINALIZER
 from reservoir.services import Services
 
-LIST_PAGE = 100  # objects per page of kopf's initial LIST of each kind
+LIST_PAGE = 50  # objects per page of kopf's initial LIST of each kind
 
 
 class EssenceWithoutStatus(kopf.AnnotationsDiffBaseStorage):
