@@ -264,7 +264,11 @@ class DeviceHolder:
             if make_claim or make_placeholder:
                 # The claim's placement hints are not kept (the writer's records leave them
                 # out: they may be a megabyte): read fresh, once per hold made.
-                claim = await self._read_claim(claim)
+                try:
+                    claim = await self._read_claim(claim)
+                except ApiError as error:  # shown as the claim's queue reason; next pass
+                    self.problems[uid] = f"cannot read the claim: {error.status.message}"[:512]
+                    continue
                 if claim is None or claim["metadata"].get("deletionTimestamp"):
                     continue
             if make_claim:
