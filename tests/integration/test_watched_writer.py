@@ -15,7 +15,7 @@ from lightkube import AsyncClient
 from lightkube.types import PatchType
 
 from reservoir.core.model import ClaimPhase, ReservationEnvelopeStatus
-from reservoir.k8s.claim_source import WatchedClaims, indexed
+from reservoir.k8s.claim_source import WatchedClaims, claim_record
 from reservoir.k8s.facts import as_dict
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
@@ -35,7 +35,7 @@ def at(seconds: float) -> Callable[[], datetime]:
 
 
 async def claim_body(client: AsyncClient, ns: str, name: str) -> dict[str, Any]:
-    return indexed(as_dict(await client.get(BranchClaim, name, namespace=ns)))
+    return claim_record(as_dict(await client.get(BranchClaim, name, namespace=ns)))
 
 
 async def ledger(client: AsyncClient, ns: str) -> ReservationEnvelopeStatus:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from reservoir.k8s.claim_source import WatchedClaims, forget_older, indexed
+from reservoir.k8s.claim_source import WatchedClaims, claim_record, forget_older
 
 
 def claim(uid: str, version: str, phase: str | None = None) -> dict[str, Any]:
@@ -55,7 +55,7 @@ def test_a_write_that_changed_nothing_is_not_laid_over() -> None:
 
 
 def test_the_index_keeps_no_managed_fields() -> None:
-    kept = indexed(claim("a", "1"))
+    kept = claim_record(claim("a", "1"))
     assert "managedFields" not in kept["metadata"]
     assert kept["metadata"]["uid"] == "a" and kept["spec"] == {"envelope": "wf"}
 

@@ -17,7 +17,7 @@ from lightkube.types import PatchType
 
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
 from reservoir.core.text import MESSAGE_LENGTH, bounded
-from reservoir.k8s.claim_source import indexed
+from reservoir.k8s.claim_source import claim_record, shed
 from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
@@ -44,10 +44,13 @@ async def claims_by_envelope(
     body: kopf.Body, spec: kopf.Spec, namespace: str | None, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
     """The envelope's writer reads its claims from here (fed by the watch), not by a
-    LIST on every pass. kopf fills every index before any handler or daemon runs. (The
-    indexers are coroutines: kopf runs plain functions in a thread pool, a hand-off per
-    event.)"""
-    return {(namespace or "", str(spec.get("envelope") or "")): indexed(body)}
+    LIST on every pass. kopf fills every index before any handler or daemon runs. Each
+    claim is kept as its compact record: the fields decisions read, never its placement
+    hints (`claim_record`). (The indexers are coroutines: kopf runs plain functions in a
+    thread pool, a hand-off per event.)"""
+    record = claim_record(body)
+    shed(body)  # kopf's copy: it may wait with it for every other object at start-up
+    return {(namespace or "", str(spec.get("envelope") or "")): record}
 
 
 @kopf.on.event(*CLAIMS)

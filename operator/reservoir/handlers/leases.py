@@ -6,7 +6,7 @@ from typing import Any
 
 import kopf
 
-from reservoir.k8s.claim_source import indexed
+from reservoir.k8s.claim_source import lease_record, shed
 from reservoir.k8s.resources import ENVELOPE_LABEL
 from reservoir.services import Services
 
@@ -17,8 +17,11 @@ LEASES = ("coordination.k8s.io", "v1", "leases")
 async def leases_by_envelope(
     body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
 ) -> dict[tuple[str, str], dict[str, Any]]:
-    """The envelope's writer reads its claims' Leases from here, not by a LIST per pass."""
-    return {(namespace or "", str(labels[ENVELOPE_LABEL])): indexed(body)}
+    """The envelope's writer reads its claims' Leases from here, not by a LIST per pass
+    (each as its compact record: `lease_record`)."""
+    record = lease_record(body)
+    shed(body)  # kopf's copy: it may wait with it for every other object at start-up
+    return {(namespace or "", str(labels[ENVELOPE_LABEL])): record}
 
 
 @kopf.on.event(*LEASES, labels={ENVELOPE_LABEL: kopf.PRESENT})

@@ -17,6 +17,8 @@ from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, FINALIZER
 from reservoir.metrics_auth import MetricsAuth
 from reservoir.services import Services
 
+LIST_PAGE = 50  # objects per page of kopf's initial LIST of each kind
+
 
 class EssenceWithoutStatus(kopf.AnnotationsDiffBaseStorage):
     """kopf's change detection: the essence it compares leaves out the status (as kopf's
@@ -59,6 +61,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.watching.server_timeout = 300
     for resource, selector in WATCH_LABEL_SELECTORS.items():
         settings.watching.label_selectors[resource] = selector
+    # The initial LIST of each kind in pages: kopf holds one page's objects whole until
+    # their indexers have made their records (`claim_source.shed`), not every object's.
+    settings.watching.chunk_size = LIST_PAGE
     memo.services = services = Services.build()
     # Before kopf starts its watchers: an object none can decode is set aside, a watcher
     # that fails is started again, and /readyz says so meanwhile (see the module).

@@ -10,10 +10,14 @@ names but the index lacks (gone?), and a claim about to take or return capacity 
 LedgerWriter). Correctness never rests on the index being fresh; the envelope's
 compare-and-swap still fences every decision.
 
+Both hand the writer, and the indexes keep, a compact record of each claim and Lease
+(`claim_record`, `lease_record`): the fields decisions read, not the whole object (a
+claim's placement hints alone may be a megabyte).
+
 The writer's own claim-status writes are written through: the object the API server
-returned replaces the index's older copy until the watch delivers it (or anything newer),
-so the next pass neither mirrors again against a stale resourceVersion nor treats its own
-write as news (`own_write`).
+returned (as a record) replaces the index's older copy until the watch delivers it (or
+anything newer), so the next pass neither mirrors again against a stale resourceVersion
+nor treats its own write as news (`own_write`).
 """
 
 from __future__ import annotations
@@ -26,8 +30,15 @@ from typing import Any, Protocol
 from lightkube import AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
-from reservoir.k8s.facts import as_dict
-from reservoir.k8s.resources import ENVELOPE_LABEL, BranchClaim, field_value
+from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.k8s.facts import PLACEMENT_PROBLEM, as_dict, placement_problem
+from reservoir.k8s.resources import (
+    CLAIM_FINALIZER,
+    ENVELOPE_LABEL,
+    FORCE_SETTLE_ANNOTATION,
+    BranchClaim,
+    field_value,
+)
 
 Body = dict[str, Any]
 Key = tuple[str, str]  # (namespace, envelope name)
@@ -39,11 +50,88 @@ WRITTEN_KEEP_SECONDS = 120.0
 DELETED_KEEP_SECONDS = 600.0
 
 
-def indexed(body: Mapping[str, Any]) -> Body:
-    """The copy of a watched object an index keeps: all of it but `managedFields`, which
-    the writer never reads and which would double the index's memory."""
-    meta = {k: v for k, v in body["metadata"].items() if k != "managedFields"}
-    return {**{k: v for k, v in body.items() if k != "metadata"}, "metadata": meta}
+# Of a claim's metadata, what the writer reads: its identity and versions, whether it is
+# being deleted, and (`claim_record`) the force-settle annotation and the claim finalizer.
+CLAIM_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "generation",
+    "creationTimestamp",
+    "deletionTimestamp",
+)
+
+
+def claim_record(body: Mapping[str, Any]) -> Body:
+    """The copy of a claim the operator keeps (in its index, and its own writes laid over
+    it) and decides on: every field a decision reads, in the object's own shape, so that a
+    record and the object read alike. The whole status is kept (a status write is a
+    compare-and-swap on it) and the whole spec but its placement hints, which only the
+    placeholder pod of a device hold needs: they are read fresh when it is made
+    (k8s/devices.py), and a hint of a megabyte never stays in memory. Of the metadata only
+    `CLAIM_METADATA`, the force-settle annotation, and the finalizers up to the claim's own
+    (removed by position). A record of a record is the same record."""
+    meta = body["metadata"]
+    kept = {k: meta[k] for k in CLAIM_METADATA if k in meta}
+    annotations = meta.get("annotations") or {}
+    if FORCE_SETTLE_ANNOTATION in annotations:
+        kept["annotations"] = {FORCE_SETTLE_ANNOTATION: annotations[FORCE_SETTLE_ANNOTATION]}
+    finalizers = list(meta.get("finalizers") or [])
+    if CLAIM_FINALIZER in finalizers:
+        kept["finalizers"] = finalizers[: finalizers.index(CLAIM_FINALIZER) + 1]
+    record: Body = {
+        "apiVersion": body.get("apiVersion", f"{API_GROUP}/{API_VERSION}"),
+        "kind": body.get("kind", "BranchClaim"),
+        "metadata": kept,
+    }
+    spec = body.get("spec")
+    if isinstance(spec, Mapping):
+        record["spec"] = {k: v for k, v in spec.items() if k != "placement"}
+        problem = body.get(PLACEMENT_PROBLEM) or placement_problem(spec.get("placement"))
+        if problem:
+            record[PLACEMENT_PROBLEM] = problem
+    elif spec is not None:
+        record["spec"] = spec  # not an object: read as unreadable, as before
+    if "status" in body:
+        record["status"] = body["status"]
+    return record
+
+
+def shed(body: Mapping[str, Any]) -> None:
+    """Drop, in place, what no handler reads from kopf's own copy of a watched claim or
+    Lease, once its record is made: its managed fields, annotations but the force-settle
+    one, and a claim's placement hints. kopf holds the copy of every object it lists at
+    start-up until every index is filled (each object's worker waits with it), so without
+    this a restart holds every whole object at once (a few dozen claims of a megabyte of
+    hints would take the operator past its memory limit on every restart). The handlers
+    that see the copy afterwards (`wake_the_envelope`, `adopt`, `renewal_requested`) read
+    none of these."""
+    meta = body.get("metadata")
+    if isinstance(meta, dict):
+        meta.pop("managedFields", None)
+        annotations = meta.get("annotations")
+        if isinstance(annotations, dict) and set(annotations) - {FORCE_SETTLE_ANNOTATION}:
+            kept = {k: v for k, v in annotations.items() if k == FORCE_SETTLE_ANNOTATION}
+            meta["annotations"] = kept
+    spec = body.get("spec")
+    if isinstance(spec, dict):
+        spec.pop("placement", None)
+
+
+def lease_record(body: Mapping[str, Any]) -> Body:
+    """The copy of a claim's Lease the operator keeps: its identity and version, and the
+    renewal it shows (holder, renew time, transitions). Nothing else of it is read."""
+    meta = body["metadata"]
+    spec = body.get("spec") or {}
+    return {
+        "metadata": {
+            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+        },
+        "spec": {
+            k: spec[k] for k in ("holderIdentity", "renewTime", "leaseTransitions") if k in spec
+        },
+    }
 
 
 class ClaimSource(Protocol):
@@ -71,7 +159,7 @@ class ListedClaims:
 
     async def claims(self, namespace: str, envelope: str) -> list[Body]:
         return [
-            as_dict(c)
+            claim_record(as_dict(c))
             async for c in self.client.list(
                 BranchClaim, namespace=namespace, fields={"spec.envelope": field_value(envelope)}
             )
@@ -82,7 +170,7 @@ class ListedClaims:
         async for lease in self.client.list(
             Lease, namespace=namespace, labels={ENVELOPE_LABEL: envelope}
         ):
-            body = lease.to_dict()
+            body = lease_record(lease.to_dict())
             found[body["metadata"]["name"]] = body
         return found
 
@@ -178,7 +266,8 @@ class WatchedClaims:
             # one superseded (found by review: the overlay was lost after two writes).
             superseded |= earlier.superseded
             statuses += earlier.replaced_statuses
-        self._written[uid] = Written(frozenset(superseded), after, time.monotonic(), statuses)
+        kept = Written(frozenset(superseded), claim_record(after), time.monotonic(), statuses)
+        self._written[uid] = kept
         if not own:
             return
         self._own_versions[uid] = after["metadata"]["resourceVersion"]

@@ -24,7 +24,13 @@ from lightkube.types import PatchType
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.model import API_GROUP, API_VERSION, DEVICE_CLASSES
 from reservoir.k8s import facts as read
-from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, HAND_OFF_GATE
+from reservoir.k8s.resources import (
+    CLAIM_LABEL,
+    ENVELOPE_LABEL,
+    HAND_OFF_GATE,
+    BranchClaim,
+    get_object,
+)
 
 log = logging.getLogger(__name__)
 
@@ -313,16 +319,29 @@ class DeviceHolder:
             claim = claims.get(uid)
             if claim is None or claim["metadata"].get("deletionTimestamp"):
                 continue  # going: its owner references take both objects with it
-            refused = self._placement_problem(claim)
-            if refused is not None:
-                self.problems[uid] = refused
-                continue  # nothing is held on hints the administrator does not allow
             problems = []
-            if uid not in resource_claims:
+            make_claim = uid not in resource_claims
+            make_placeholder = uid not in placeholders and uid not in handed_off
+            if make_claim or make_placeholder:
+                # The claim's placement hints are not kept (the writer's records leave them
+                # out: they may be a megabyte): read fresh, once per hold made.
+                try:
+                    claim = await self._read_claim(claim)
+                except ApiError as error:  # shown as the claim's queue reason; next pass
+                    self.problems[uid] = f"cannot read the claim: {error.status.message}"[:512]
+                    continue
+                if claim is None or claim["metadata"].get("deletionTimestamp"):
+                    continue
+                # Checked on the hints about to be copied (the fresh read), not the record.
+                refused = self._placement_problem(claim)
+                if refused is not None:
+                    self.problems[uid] = refused
+                    continue  # nothing is held on hints the administrator does not allow
+            if make_claim:
                 problems.append(
                     await self._create(ResourceClaim, resource_claim_spec(claim, counts))
                 )
-            if uid not in placeholders and uid not in handed_off:
+            if make_placeholder:
                 problems.append(
                     await self._create(Pod, placeholder_spec(claim, self.priority_class))
                 )
@@ -350,6 +369,14 @@ class DeviceHolder:
         if problem is None:
             return None
         return f"spec.placement refused by the administrator's allow-list: {problem}"[:512]
+
+    async def _read_claim(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
+        """The claim of `record`, read fresh; None if it is gone or another claim now."""
+        meta = record["metadata"]
+        found = await get_object(self.client, BranchClaim, meta["name"], meta["namespace"])
+        if found is None or found["metadata"]["uid"] != meta["uid"]:
+            return None
+        return found
 
     async def _lift_gate(self, pod: Mapping[str, Any]) -> bool:
         """Whether the pod's hand-off gate is gone now (lifted here, or already gone)."""

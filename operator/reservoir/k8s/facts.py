@@ -22,6 +22,7 @@ from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
     BranchClaimStatus,
+    Placement,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
@@ -37,6 +38,10 @@ MAX_UNREADABLE_PARTS = 32
 # say whether it may have run (dropped, they would read as "not dispatched"). A claim
 # that lacks one is read as gone, and a gone claim's capacity is held, never released.
 VITAL_FIELDS = ("envelope", "requests", "attempt", "dispatch", "cancel", "commitPoint", "upstream")
+# A claim's record (k8s/claim_source.py) keeps no placement hints; when they cannot be
+# read, it says why under this key, and the claim's facts count them as an unreadable part
+# of its spec, as when the whole spec is read.
+PLACEMENT_PROBLEM = "placementProblem"
 
 
 def parse_time(value: str | datetime) -> datetime:
@@ -94,9 +99,22 @@ def force_settle_gone(annotations: Mapping[str, str]) -> dict[str, str]:
     return named
 
 
-def _describe(error: ValidationError) -> str:
-    problem = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in error.errors())
+def _describe(error: ValidationError, *within: str) -> str:
+    problem = "; ".join(
+        f"{'.'.join([*within, *(str(p) for p in e['loc'])])}: {e['msg']}" for e in error.errors()
+    )
     return problem[:900]
+
+
+def placement_problem(placement: Any) -> str | None:
+    """Why a claim's placement hints cannot be read (None: they can, or there are none)."""
+    if placement is None:
+        return None
+    try:
+        Placement.model_validate(placement)
+    except ValidationError as error:
+        return _describe(error, "placement")
+    return None
 
 
 def readable_spec(raw: Mapping[str, Any]) -> tuple[BranchClaimSpec, str | None]:
@@ -214,6 +232,9 @@ def claim_facts(
     except ValidationError as error:
         return InvalidClaim(uid=meta["uid"], name=meta["name"], problem=_describe(error))
     annotations = meta.get("annotations") or {}
+    hints = claim.get(PLACEMENT_PROBLEM)
+    if hints:
+        problem = f"{problem}; {hints}"[:900] if problem else hints
     return ClaimFacts(
         uid=meta["uid"],
         name=meta["name"],

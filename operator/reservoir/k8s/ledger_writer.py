@@ -61,7 +61,14 @@ from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import budgets
 from reservoir.k8s import facts as read
-from reservoir.k8s.claim_source import ClaimSource, ListedClaims, WatchedClaims, forget_older
+from reservoir.k8s.claim_source import (
+    ClaimSource,
+    ListedClaims,
+    WatchedClaims,
+    claim_record,
+    forget_older,
+    lease_record,
+)
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import PLACEHOLDER_LABEL, DeviceHolder
 from reservoir.k8s.providers import ProviderClient
@@ -602,17 +609,18 @@ class LedgerWriter:
                 if lease is None:
                     leases.pop(name, None)
                 else:
-                    leases[name] = lease
+                    leases[name] = lease_record(lease)
         return list(by_uid.values()), leases
 
     async def _read_over(
         self, namespace: str, name: str, uid: str, old: Mapping[str, Any] | None
     ) -> dict[str, Any] | None:
-        """The claim read fresh, laid over the index's copy `old` (when there is one); None
-        if it is gone or is another claim now (UIDs are never reused)."""
-        found = await get_object(self.client, BranchClaim, name, namespace)
-        if found is None or found["metadata"]["uid"] != uid:
+        """The claim read fresh (its record), laid over the index's copy `old` (when there is
+        one); None if it is gone or is another claim now (UIDs are never reused)."""
+        read_now = await get_object(self.client, BranchClaim, name, namespace)
+        if read_now is None or read_now["metadata"]["uid"] != uid:
             return None
+        found = claim_record(read_now)
         if old is not None:
             self.source.written(old, found, own=False)
         return found
@@ -906,8 +914,7 @@ class LedgerWriter:
             try:
                 async with limit:
                     written = await write_claim_status(self.client, namespace, claim, wanted)
-                after = read.as_dict(written)
-                self.source.written(claim, after)
+                self.source.written(claim, claim_record(read.as_dict(written)))
                 mirrored.add(meta["uid"])
                 rewritten.add(meta["uid"])
             except ApiError as error:

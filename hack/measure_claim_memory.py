@@ -1,0 +1,233 @@
+"""What the operator keeps in memory per live claim, measured at unit level (tracemalloc).
+
+Not a test and not a benchmark: it runs no cluster and times nothing. For N copies of a
+claim (and its Lease), parsed from JSON as the watch delivers them, it keeps what the
+operator keeps for as long as the claim lives, through the same functions the operator
+runs: the records of the kopf indexes (`claims_by_envelope`, `envelope_of_claim`,
+`leases_by_envelope`), the writer's parsed facts (kept from pass to pass), and kopf's own
+per-object memory (`ResourceMemories.recall`). Everything else is dropped, then the
+traced memory still allocated is divided by N.
+
+    .venv/bin/python hack/measure_claim_memory.py            # a small claim, and 1.5 MB
+
+At restart, kopf also holds its own copy of every object it lists until every index is
+filled (each object's worker waits with it): the second figure keeps those copies too, as
+the indexers leave them.
+
+Not counted: the claim's ledger entry and its share of the envelope's ledger (parsed on
+each pass), Python's allocator overhead (arenas), and kopf's transient copies while it
+processes an event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import tracemalloc
+from typing import Any
+
+import kopf
+from kopf._core.reactor.inventory import ResourceMemories
+
+from reservoir.handlers.claims import claims_by_envelope
+from reservoir.handlers.leases import leases_by_envelope
+from reservoir.handlers.pods import envelope_of_claim
+from reservoir.k8s import facts as read
+
+MANAGED_FIELDS = [
+    {
+        "manager": manager,
+        "operation": "Update",
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "time": "2026-12-01T10:00:00Z",
+        "fieldsType": "FieldsV1",
+        "fieldsV1": {"f:spec": {"f:dispatch": {}, "f:usage": {"f:tokens": {}}}},
+        **({"subresource": "status"} if manager == "reservoir" else {}),
+    }
+    for manager in ("reservoir-sdk", "reservoir")
+]
+
+
+def affinity_of(size: int) -> dict[str, Any]:
+    """A node affinity of about `size` bytes of JSON: many small match expressions, the
+    densest shape in objects per byte that the core/v1 schema allows."""
+    expression = len(json.dumps({"key": "k0000000", "operator": "In", "values": ["v0000000"]}))
+    expressions = [
+        {"key": f"k{i:07d}", "operator": "In", "values": [f"v{i:07d}"]}
+        for i in range(max(1, size // (expression + 2)))
+    ]
+    required = {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def claim_json(i: int, hints: int) -> str:
+    spec: dict[str, Any] = {
+        "envelope": "wf",
+        "branch": f"branch-{i}",
+        "attempt": 1,
+        "requests": {"tokens": "20k", "cpu": "2"},
+        "commitPoint": "Dispatch",
+        "lease": {"durationSeconds": 60},
+        "dispatch": True,
+        "usage": {"tokens": "1200"},
+        "upstream": {"requestId": f"req-{i:08d}"},
+    }
+    if hints:
+        spec["placement"] = {
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}],
+            "affinity": affinity_of(hints),
+        }
+    at = "2026-12-01T10:00:00Z"
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "BranchClaim",
+        "metadata": {
+            "name": f"claim-{i:08d}",
+            "namespace": "team-a",
+            "uid": f"00000000-0000-4000-8000-{i:012d}",
+            "resourceVersion": str(100_000 + i),
+            "generation": 3,
+            "creationTimestamp": at,
+            "labels": {"reservoir.dev/envelope": "wf"},
+            "finalizers": ["reservoir.dev/claim"],
+            "ownerReferences": [
+                {
+                    "apiVersion": "reservoir.dev/v1alpha1",
+                    "kind": "ReservationEnvelope",
+                    "name": "wf",
+                    "uid": "11111111-0000-4000-8000-000000000000",
+                }
+            ],
+            "managedFields": MANAGED_FIELDS,
+        },
+        "spec": spec,
+        "status": {
+            "phase": "Committed",
+            "reserved": {"tokens": "20k", "cpu": "2"},
+            "usage": {"tokens": "1200"},
+            "lease": {
+                "holder": "worker-1",
+                "generation": 1,
+                "firstReservedAt": at,
+                "renewedAt": at,
+                "expiresAt": "2026-12-01T10:01:00Z",
+                "renewals": 1,
+            },
+            "history": [
+                {
+                    "from": "Pending",
+                    "to": "Tentative",
+                    "reason": "Admitted",
+                    "trigger": "Admission",
+                    "at": at,
+                },
+                {
+                    "from": "Tentative",
+                    "to": "Committed",
+                    "reason": "Dispatched",
+                    "trigger": "Worker",
+                    "at": at,
+                },
+            ],
+            "conditions": [
+                {
+                    "type": "Reserved",
+                    "status": "True",
+                    "reason": "Admitted",
+                    "message": "",
+                    "lastTransitionTime": at,
+                },
+            ],
+            "observedGeneration": 3,
+        },
+    }
+    return json.dumps(body)
+
+
+def lease_json(i: int) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {
+                "name": f"claim-{i:08d}",
+                "namespace": "team-a",
+                "uid": f"22222222-0000-4000-8000-{i:012d}",
+                "resourceVersion": str(200_000 + i),
+                "creationTimestamp": "2026-12-01T10:00:00Z",
+                "labels": {"reservoir.dev/envelope": "wf"},
+                "managedFields": MANAGED_FIELDS[:1],
+            },
+            "spec": {
+                "holderIdentity": "worker-1",
+                "leaseDurationSeconds": 60,
+                "renewTime": "2026-12-01T10:00:30.000000Z",
+                "leaseTransitions": 0,
+            },
+        }
+    )
+
+
+async def keep(claim: dict[str, Any], lease: dict[str, Any], memories: ResourceMemories) -> Any:
+    """What the operator keeps of one claim and its Lease while they live."""
+    body, lease_body = kopf.Body(claim), kopf.Body(lease)
+    spec, meta = body.spec, body.metadata
+    record = await claims_by_envelope(body=body, spec=spec, namespace=meta.namespace)
+    envelope = await envelope_of_claim(name=meta.name, namespace=meta.namespace, spec=spec)
+    lease_record = await leases_by_envelope(
+        body=lease_body, labels=lease_body.metadata.labels, namespace=meta.namespace
+    )
+    [kept] = record.values()
+    [kept_lease] = lease_record.values()
+    facts = read.claim_facts(kept, kept_lease)  # kept by the writer from pass to pass
+    await memories.recall(claim)  # kopf's own memory of each object it watches
+    await memories.recall(lease)
+    return record, envelope, lease_record, facts
+
+
+def per_claim(count: int, hints: int, restart: bool) -> tuple[float, int]:
+    """Bytes kept per claim (traced), and the size of its JSON. `restart`: with kopf's
+    copies of the objects, held until every index is filled."""
+    texts = [(claim_json(i, hints), lease_json(i)) for i in range(count)]
+    memories = ResourceMemories()
+    kept: list[Any] = []
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+
+    async def watch() -> None:
+        for claim_text, lease_text in texts:  # as the watch delivers them, one by one
+            claim, lease = json.loads(claim_text), json.loads(lease_text)
+            kept.append(await keep(claim, lease, memories))
+            if restart:
+                kept.append((claim, lease))
+
+    asyncio.run(watch())
+    gc.collect()
+    after = tracemalloc.get_traced_memory()[0]
+    tracemalloc.stop()
+    return (after - before) / count, len(texts[0][0])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--small", type=int, default=2000, help="small claims to keep")
+    parser.add_argument("--large", type=int, default=4, help="1.5 MB claims to keep")
+    args = parser.parse_args()
+    for label, count, hints in (
+        ("small claim", args.small, 0),
+        ("claim with a 1.5 MB affinity", args.large, 1_500_000),
+    ):
+        live, size = per_claim(count, hints, restart=False)
+        restart, _ = per_claim(count, hints, restart=True)
+        print(
+            f"{label} (JSON {size / 1024:,.1f} KiB, N={count}): kept {live / 1024:,.1f} KiB "
+            f"a claim while it lives, {restart / 1024:,.1f} KiB at restart"
+        )
+
+
+if __name__ == "__main__":
+    main()

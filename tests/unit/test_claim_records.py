@@ -1,0 +1,240 @@
+"""What the operator keeps of each live claim (its index record, DESIGN.md §1.6 and §1.7):
+every fact a decision reads, and nothing a tenant can make large beyond the schema's
+bounds. A claim with a megabyte of placement hints costs a few KB in the index, and its
+record gives exactly the facts the whole object gives."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import replace
+from typing import Any
+
+import kopf
+
+from reservoir.handlers.claims import claims_by_envelope
+from reservoir.handlers.leases import leases_by_envelope
+from reservoir.k8s import facts as read
+from reservoir.k8s.claim_source import claim_record, lease_record
+from reservoir.k8s.resources import CLAIM_FINALIZER, FORCE_SETTLE_ANNOTATION
+
+MEGABYTE = 1_000_000
+RECORD_BOUND = 8 * 1024  # bytes: a few KB, whatever the object's size
+AT = "2026-12-01T10:00:00Z"
+
+
+def deep_size(value: Any, seen: set[int] | None = None) -> int:
+    """Bytes of every object reachable from `value` (each counted once)."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return 0
+    seen.add(id(value))
+    size = sys.getsizeof(value)
+    if isinstance(value, dict):
+        size += sum(deep_size(k, seen) + deep_size(v, seen) for k, v in value.items())
+    elif isinstance(value, list | tuple | set | frozenset):
+        size += sum(deep_size(item, seen) for item in value)
+    return size
+
+
+def affinity(size: int) -> dict[str, Any]:
+    """A node affinity of about `size` bytes of JSON."""
+    expressions = [
+        {"key": f"k{i:07d}", "operator": "In", "values": [f"v{i:07d}"]} for i in range(size // 50)
+    ]
+    required = {"nodeSelectorTerms": [{"matchExpressions": expressions}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": required}}
+
+
+def claim(placement: dict[str, Any] | None = None, **meta: Any) -> dict[str, Any]:
+    """A claim as the watch delivers it (parsed from JSON)."""
+    spec: dict[str, Any] = {
+        "envelope": "wf",
+        "requests": {"tokens": "20"},
+        "commitPoint": "Dispatch",
+        "dispatch": True,
+        "usage": {"tokens": "12"},
+        "final": True,
+        "outcome": "Succeeded",
+        "upstream": {"requestId": "r-1"},
+    }
+    if placement is not None:
+        spec["placement"] = placement
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "BranchClaim",
+        "metadata": {
+            "name": "c",
+            "namespace": "ns",
+            "uid": "u-1",
+            "resourceVersion": "7",
+            "generation": 2,
+            "creationTimestamp": AT,
+            "labels": {"team": "x" * 60},
+            "annotations": {"note": "y" * (MEGABYTE // 4)},
+            "ownerReferences": [{"kind": "ReservationEnvelope", "name": "wf", "uid": "e"}],
+            "managedFields": [{"manager": "sdk", "fieldsV1": {"f:spec": {}}}],
+            **meta,
+        },
+        "spec": spec,
+        "status": {
+            "phase": "Committed",
+            "reserved": {"tokens": "20"},
+            "history": [
+                {
+                    "from": "Pending",
+                    "to": "Tentative",
+                    "reason": "Admitted",
+                    "trigger": "Admission",
+                    "at": AT,
+                },
+                {
+                    "from": "Tentative",
+                    "to": "Committed",
+                    "reason": "Dispatched",
+                    "trigger": "Worker",
+                    "at": AT,
+                },
+            ],
+        },
+    }
+    parsed: dict[str, Any] = json.loads(json.dumps(body))
+    return parsed
+
+
+def lease() -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "c",
+            "namespace": "ns",
+            "uid": "l-1",
+            "resourceVersion": "9",
+            "labels": {"reservoir.dev/envelope": "wf"},
+            "annotations": {"note": "z" * MEGABYTE},
+        },
+        "spec": {"holderIdentity": "w-1", "renewTime": AT, "leaseTransitions": 2},
+    }
+
+
+def indexed_claim(body: dict[str, Any]) -> dict[str, Any]:
+    """The record the operator's claim index keeps, through its real indexer."""
+    wrapped = kopf.Body(body)
+    found = asyncio.run(claims_by_envelope(body=wrapped, spec=wrapped.spec, namespace="ns"))
+    [record] = found.values()
+    return record
+
+
+def indexed_lease(body: dict[str, Any]) -> dict[str, Any]:
+    wrapped = kopf.Body(body)
+    found = asyncio.run(
+        leases_by_envelope(body=wrapped, labels=wrapped.metadata.labels, namespace="ns")
+    )
+    [record] = found.values()
+    return record
+
+
+def test_a_claim_with_a_megabyte_of_placement_hints_is_kept_in_a_few_kilobytes() -> None:
+    hints = {
+        "nodeSelector": {"pool": "gpu"},
+        "tolerations": [{"key": f"t{i}", "operator": "Exists"} for i in range(32)],
+        "affinity": affinity(MEGABYTE),
+    }
+    body = claim(hints)
+    assert len(json.dumps(body)) > MEGABYTE
+    assert deep_size(body) > 100 * RECORD_BOUND  # the whole object, as parsed
+    record = indexed_claim(body)
+    assert deep_size(record) < RECORD_BOUND
+    # The writer's parsed facts (kept from pass to pass) hold no hint either.
+    facts = read.claim_facts(record, None)
+    assert isinstance(facts, read.ClaimFacts) and facts.spec.placement is None
+
+
+def test_a_lease_with_a_megabyte_of_annotations_is_kept_in_a_few_kilobytes() -> None:
+    assert deep_size(indexed_lease(lease())) < RECORD_BOUND // 4
+
+
+def test_kopfs_copy_keeps_no_megabyte_once_indexed() -> None:
+    """kopf holds its copy of each object listed at start-up until every index is filled:
+    the indexers leave it small, with what the handlers that follow read (`adopt`)."""
+    body = claim(
+        {"affinity": affinity(MEGABYTE)},
+        finalizers=["other.example/keep"],
+        annotations={FORCE_SETTLE_ANNOTATION: "node lost", "note": "n" * MEGABYTE},
+    )
+    indexed_claim(body)
+    assert deep_size(body) < RECORD_BOUND
+    meta = body["metadata"]
+    assert meta["finalizers"] == ["other.example/keep"] and meta["ownerReferences"]
+    assert meta["annotations"] == {FORCE_SETTLE_ANNOTATION: "node lost"}
+    assert body["spec"]["envelope"] == "wf" and body["status"]["phase"] == "Committed"
+    held = lease()
+    indexed_lease(held)
+    assert deep_size(held) < RECORD_BOUND // 4
+    assert held["metadata"]["labels"] == {"reservoir.dev/envelope": "wf"}
+
+
+def test_a_record_gives_the_same_facts_as_the_whole_claim() -> None:
+    """Every fact a decision reads survives: identity, versions, deletion, the force-settle
+    annotation, the settlement its status records, the Lease's renewal."""
+    body = claim(
+        {"nodeSelector": {"pool": "gpu"}, "affinity": affinity(10_000)},
+        deletionTimestamp=AT,
+        finalizers=["other.example/keep", CLAIM_FINALIZER, "late.example/f"],
+        annotations={FORCE_SETTLE_ANNOTATION: "node lost", "note": "n"},
+    )
+    body["status"] = {
+        "phase": "Consumed",
+        "reserved": {"tokens": "20"},
+        "consumed": {"tokens": "12"},
+        "released": {"tokens": "8"},
+        "history": [
+            {
+                "from": "Pending",
+                "to": "Tentative",
+                "reason": "Admitted",
+                "trigger": "Admission",
+                "at": AT,
+            },
+            {
+                "from": "Tentative",
+                "to": "Consumed",
+                "reason": "Reported",
+                "trigger": "Worker",
+                "at": AT,
+            },
+        ],
+        "settlement": {"key": "u-1/1/1", "phase": "Consumed", "reason": "Reported", "at": AT},
+    }
+    whole = read.claim_facts(body, lease())
+    kept = read.claim_facts(indexed_claim(body), indexed_lease(lease()))
+    assert isinstance(whole, read.ClaimFacts) and isinstance(kept, read.ClaimFacts)
+    assert whole.spec.placement is not None and kept.spec.placement is None
+    assert kept == replace(whole, spec=whole.spec.model_copy(update={"placement": None}))
+    assert kept.force_settle == "node lost" and kept.deleting
+    assert kept.settled_record is not None and kept.heartbeat is not None
+    record = indexed_claim(body)
+    # The finalizer is removed by its position, tested first (remove_finalizer).
+    assert record["metadata"]["finalizers"] == ["other.example/keep", CLAIM_FINALIZER]
+    assert record["status"] == body["status"]  # a status write is a compare-and-swap on it
+    assert claim_record(record) == record
+
+
+def test_unreadable_placement_hints_are_a_problem_of_the_record_too() -> None:
+    """Hints the operator cannot read keep the claim waiting (InvalidSpec), as when the
+    whole object is read: the record keeps why, not the hints."""
+    body = claim({"affinity": "not an object", "tolerations": [{"key": "t"}]})
+    whole = read.claim_facts(body, None)
+    record = claim_record(body)
+    kept = read.claim_facts(record, None)
+    assert isinstance(whole, read.ClaimFacts) and isinstance(kept, read.ClaimFacts)
+    assert whole.problem is not None and "placement.affinity" in whole.problem
+    assert kept.problem == whole.problem
+    assert claim_record(record) == record  # a record of a record keeps the problem
+
+
+def test_a_lease_record_keeps_what_a_renewal_reads() -> None:
+    record = lease_record(lease())
+    assert read.heartbeat_token(record) == read.heartbeat_token(lease())
+    assert read.heartbeat_holder(record) == "w-1"
+    assert record["metadata"]["resourceVersion"] == "9"
