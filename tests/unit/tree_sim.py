@@ -534,10 +534,19 @@ def held(entries: Iterable[LedgerEntry], lines: Iterable[ChildEntry]) -> tuple[d
             reconciling = plus(reconciling, entry.reserved)
         elif entry.phase in (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
             reserved = plus(reserved, entry.reserved)
+        if kept_for_retry(entry):  # a failed attempt's hold for its branch's next attempt
+            reserved = plus(reserved, entry.retry.resources if entry.retry else {})
     for line in lines:
         if line.phase is ChildPhase.RESERVED:
             reserved = plus(reserved, line.reserved)
     return reserved, reconciling
+
+
+def kept_for_retry(entry: LedgerEntry) -> bool:
+    """A failed attempt still keeps what it did not use for its branch's next attempt: no
+    attempt took it and its window has not returned it."""
+    hold = entry.retry
+    return hold is not None and hold.taken_by is None and not hold.returned
 
 
 @dataclass

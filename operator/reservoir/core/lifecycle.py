@@ -303,6 +303,11 @@ def advance(
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
         renew_lease(step, policy, renewals_open)
+    else:
+        # Settled in this pass: a failed attempt's hold made while the envelope no longer
+        # admits goes back at once, before the envelope records its balance (issue 21 #6:
+        # it went upward as if consumed when the claim failed as its envelope closed).
+        close_retry_window(step, renewals_open)
     return step.events
 
 
