@@ -885,7 +885,10 @@ Apply = Callable[[World, tuple[Run, Run], Act], None]
 
 
 def play(
-    history: History, runs_b: Callable[[str], bool], apply: Apply = apply
+    history: History,
+    runs_b: Callable[[str], bool],
+    apply: Apply = apply,
+    before_close: Callable[[World, tuple[Run, Run]], None] | None = None,
 ) -> tuple[World, Run, Run]:
     """Both runs over one history, then every claim finished and every envelope closed,
     and both settle. Within each instant the writes land one by one, reconciles of random
@@ -926,6 +929,8 @@ def play(
             world.update_claim(claim, final=True, outcome=outcomes.get(claim, "Succeeded"))
     for run in (every, some):
         run.settle()
+    if before_close is not None:  # a last look at what settled, before everything closes
+        before_close(world, (every, some))
     world.tick()
     close_every_envelope(world, (every, some))
     for run in (every, some):
