@@ -110,6 +110,9 @@ class ClaimFacts:
     cancel_forwarded: ForwardedCancel | None = None  # forwarding its cancel, this pass
     # An older claim of the namespace with the same upstream.requestId (its name), if any.
     duplicate_of: str | None = None
+    # The UID of the envelope its status says decided on it (None: none did yet). A claim
+    # bound to another envelope of the same name never moves this one's capacity.
+    envelope_uid: str | None = None
 
     @property
     def cancelling(self) -> bool:

@@ -197,6 +197,7 @@ def claim_facts(
     except ValidationError as error:
         return InvalidClaim(uid=meta["uid"], name=meta["name"], problem=_describe(error))
     annotations = meta.get("annotations") or {}
+    status = claim_status(claim)
     return ClaimFacts(
         uid=meta["uid"],
         name=meta["name"],
@@ -205,7 +206,8 @@ def claim_facts(
         deleting=bool(meta.get("deletionTimestamp")),
         heartbeat=heartbeat_token(lease),
         heartbeat_holder=heartbeat_holder(lease),
-        settled_record=settled_record(claim_status(claim), meta["uid"], meta["name"], spec.attempt),
+        settled_record=settled_record(status, meta["uid"], meta["name"], spec.attempt),
+        envelope_uid=status.envelope_uid if status is not None else None,
         force_settle=annotations.get(FORCE_SETTLE_ANNOTATION),
         pod=pod_facts(pods or []),
         problem=problem,
