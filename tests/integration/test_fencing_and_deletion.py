@@ -185,3 +185,70 @@ def test_kubectl_wait_and_get_work_on_claims(
         )
     )
     assert [i["metadata"]["name"] for i in listing["items"]] == ["x"]
+
+
+def test_an_envelope_re_created_under_an_old_name_moves_nothing_for_its_claims(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    """Issue 21 #3: x (20) is quarantined in wf (C = R: all 20 charged); wf is deleted with
+    x surviving (orphaned) and re-created under its name. x's late report (5 of 20) would
+    have returned 15 to the new wf it never drew from: the new wf stays untouched and x is
+    set aside with condition EnvelopeReplaced."""
+    create_envelope(
+        cluster,
+        ns,
+        "wf",
+        {"tokens": "100"},
+        defaultLeaseSeconds=2,
+        ambiguityDeadlineSeconds=2,
+        atAmbiguityDeadline="Quarantine",
+    )
+    sdk.hold("wf", "x", {"tokens": "20"}, name="x", dispatch=True)
+    quarantined = eventually(
+        "x quarantined", lambda: (v := sdk.get("x")).status.settlement is not None and v
+    )
+    assert quarantined.status.settlement is not None
+    assert quarantined.status.settlement.reason == "AmbiguityDeadlineQuarantine"
+    old_uid = quarantined.status.envelope_uid
+    assert old_uid, "bound to the envelope that decided on it"
+    settled_ledger(sdk, "wf", committed="20", available="80")
+
+    # A finalizer of the tenant's own keeps x after its envelope collected it.
+    keep = [{"op": "add", "path": "/metadata/finalizers/-", "value": "test.reservoir.dev/keep"}]
+    cluster.kubectl("patch", "bclaim", "x", "-n", ns, "--type", "json", "-p", json.dumps(keep))
+    cluster.kubectl("delete", "renv", "wf", "-n", ns, "--wait=false")
+    eventually("wf to go", lambda: not exists(cluster, ns, "renv", "wf"), timeout=60)
+    assert exists(cluster, ns, "bclaim", "x"), "x survives its envelope"
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    settled_ledger(sdk, "wf", committed="0", reserved="0", available="100")
+
+    cluster.kubectl(
+        "patch",
+        "bclaim",
+        "x",
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}}),
+    )
+    aside = eventually(
+        "x set aside", lambda: (v := sdk.get("x")).condition("EnvelopeReplaced") and v
+    )
+    assert aside.status.envelope_uid == old_uid
+    assert aside.status.settlement == quarantined.status.settlement
+    assert "EnvelopeReplaced" in events_of(cluster, ns, "x")
+    new = settled_ledger(sdk, "wf", committed="0", reserved="0", available="100")
+    assert "x" not in [e.claim for e in new.status.entries.values()]
+    cluster.kubectl(
+        "patch",
+        "bclaim",
+        "x",
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        '{"metadata":{"finalizers":null}}',
+    )

@@ -20,7 +20,10 @@ reconcile; some, with stale looks) agree on every loan, claim and envelope they 
 alike.
 
 The histories here are shaped for loans: a planner with two to four children, most of them
-lending above a floor, and claims sized to make siblings short. test_budget_tree.py's own
+lending above a floor, claims sized to make siblings short, and MAX_LOANS lowered to two so
+that the cap is reached. Lending stays live (Books.check_lending): a lender that could lend
+never leaves an asking sibling without a loan unless MAX_LOANS loans hold a place, and a
+settled loan of a closed borrower holds none. test_budget_tree.py's own
 histories give envelopes policy.lending now and then too.
 """
 
@@ -55,6 +58,7 @@ from tests.unit.tree_sim import LONG_LIVED, ZERO, Run, World, lending
 # --- random histories ------------------------------------------------------------------------
 
 SIBLINGS = 4  # children of the planner (e0): e1 .. e4
+SMALL_MAX_LOANS = 2  # MAX_LOANS in the random histories
 LOAN_CLAIMS = CLAIMS + 2
 
 
@@ -129,6 +133,31 @@ endings = st.builds(
 )
 
 
+def a_late_sibling_asks(world: World, runs: tuple[Run, Run]) -> None:
+    """Once every claim has settled (and the envelopes closed early have closed), a new
+    child of the planner runs short by one token: every sibling that can lend it one still
+    does (Books.check_lending), whatever loans it made and settled before (issue 21 #7)."""
+    if not any(run.books.loans for run in runs):
+        return  # nothing was ever lent: nothing can block lending
+    planner = world.uid("e0")
+    if planner not in world.envelopes or any(planner in run.gone for run in runs):
+        return
+    if not world.envelopes[planner].accepting:
+        return
+    world.create_envelope("late", {"tokens": 1}, parent="e0")
+    for run in runs:
+        run.settle()
+    world.create_claim("late-1", "late", {"tokens": 1}, dispatch=True)
+    world.tick()
+    world.create_claim("late-2", "late", {"tokens": 1}, dispatch=True)  # short 1
+    for run in runs:
+        run.settle()
+    for claim in ("late-1", "late-2"):
+        world.update_claim(claim, final=True, outcome="Succeeded")
+    for run in runs:
+        run.settle()
+
+
 @st.composite
 def loan_histories(draw: st.DrawFn) -> History:
     pool = draw(st.one_of(st.none(), st.tuples(st.integers(50, 300), st.integers(0, 20))))
@@ -160,7 +189,11 @@ def test_loans_between_siblings_settle_exactly_once_whatever_the_operator_saw(
     def runs_b(label: str) -> bool:
         return data.draw(st.booleans(), label=f"run B reconciles at {label}")
 
-    _, every, some = play(history, runs_b, apply_with_priority)
+    # A lender of these small families has at most three borrowers: a cap of two loans is
+    # reached, so lending stays live at the cap too (Books.check_lending; issue 21 #7).
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(borrowing, "MAX_LOANS", SMALL_MAX_LOANS)
+        _, every, some = play(history, runs_b, apply_with_priority, a_late_sibling_asks)
     for run in (every, some):
         loans = len(run.books.loans)
         label = "every reconcile" if run is every else "some reconciles"
@@ -266,9 +299,11 @@ def test_a_loan_is_in_both_ledgers_and_repaid_as_the_borrowers_claims_settle() -
     world.tick()
     world.close("borrower")
     run.settle()
-    lent = loan(run, "lender", "borrower")
+    borrower_uid = world.uid("borrower")  # (its line went: the borrower's record is closed)
+    lent = next(seen.settled for seen in run.books.loans if seen.borrower == borrower_uid)
     assert lent is not None and lent.phase is LoanPhase.SETTLED
     assert (lent.repaid, lent.consumed) == ({"tokens": 13}, {"tokens": 2})
+    assert loan(run, "lender", "borrower") is None
     assert run.of("borrower").balance_released == {"tokens": 0}
     mirrored = run.of("borrower").parent  # its line in the planner: 30 charged, 0 back
     assert mirrored is not None and mirrored.settled is not None

@@ -25,7 +25,9 @@ of either run the auditor in tree_sim.Books checks, at every level:
 - nothing is admitted by an envelope its parent does not hold; depth never exceeds 4 and
   is one more than the parent's; an admitted envelope holds what was reserved for it;
 - a claim settles once, a child line settles once (never reopens), and a parent's committed
-  total is exactly Σ C of its settled claims and settled child lines;
+  total is exactly Σ C of its settled claims and settled child lines; what a failed attempt
+  keeps for its branch's next attempt (retryWindowSeconds) counts as reserved, and nothing
+  is held when an envelope closes (claims fail as their envelope closes now and then);
 - a child's settled line charges C = the child's committed total at close and returns
   R − C = the balance the child released, once it closed; a closed envelope's record
   never changes again;
@@ -727,12 +729,12 @@ def apply(world: World, runs: tuple[Run, Run], act: Act) -> None:
             (world.close if act.kind == "close" else world.delete)(name)
         return
     if act.kind == "claim":
-        claim, (envelope, tokens, cost, dispatched) = f"c{act.index}", act.arg
+        claim, (envelope, tokens, cost, dispatched, window) = f"c{act.index}", act.arg
         name = pick(there, envelope)
         if claim in world.claims or name is None:
             return
         requests = {"tokens": tokens} if cost is None else {"tokens": tokens, "cost": cost}
-        world.create_claim(claim, name, requests, dispatch=dispatched)
+        world.create_claim(claim, name, requests, dispatch=dispatched, retry_window_seconds=window)
         return
     claim = pick(list(world.claims), act.index)
     if claim is None:
@@ -763,6 +765,9 @@ targets = st.one_of(st.just(-1), envelope_ids)  # -1: the pool
 reconciles = st.builds(Act, st.just("reconcile"), targets, st.integers(0, 3))
 lifetimes = st.one_of(st.none(), st.none(), st.none(), st.integers(2, 30))
 floors = st.one_of(st.none(), st.none(), st.none(), st.integers(0, 20))  # policy.lending
+# A failed attempt keeps what it did not use for its branch's next attempt (until its window
+# closes, or its envelope stops admitting: then it goes back before the balance does).
+retry_windows = st.one_of(st.none(), st.integers(1, 20), st.integers(1, 20))
 envelopes = st.builds(
     Act,
     st.just("envelope"),
@@ -791,7 +796,11 @@ claims = st.builds(
     st.just("claim"),
     claim_ids,
     st.tuples(
-        envelope_ids, st.integers(0, 25), st.one_of(st.none(), st.integers(0, 4)), st.booleans()
+        envelope_ids,
+        st.integers(0, 25),
+        st.one_of(st.none(), st.integers(0, 4)),
+        st.booleans(),
+        retry_windows,
     ),
 )
 usage = st.builds(Act, st.just("usage"), claim_ids, st.integers(0, 15))
@@ -819,6 +828,11 @@ class History:
     pool: tuple[int, int] | None
     instants: list[tuple[int, list[Act]]]
     last_reports: tuple[int, ...] = ()  # usage each claim adds to its final report
+    # How each claim's final report ends (Succeeded when none is drawn), and whether the
+    # envelopes close before the last reports arrive: a failed attempt then keeps its hold
+    # while its envelope closes (issue 21 #6).
+    last_outcomes: tuple[str, ...] = ()
+    close_first: bool = False
 
 
 @st.composite
@@ -852,7 +866,15 @@ def histories(draw: st.DrawFn) -> History:
         tick, writes = instants[at]
         instants[at] = (tick, [*writes, Act("pool-delete")])
     last = draw(st.lists(st.integers(0, 15), min_size=CLAIMS, max_size=CLAIMS))
-    return History(pool, [(0, first), *instants], tuple(last))
+    return History(pool, [(0, first), *instants], tuple(last), *draw(last_outcomes))
+
+
+last_outcomes = st.tuples(
+    st.lists(
+        st.sampled_from(["Succeeded", "Failed", "Failed"]), min_size=CLAIMS, max_size=CLAIMS
+    ).map(tuple),
+    st.booleans(),
+)
 
 
 def target(world: World, act: Act) -> str:
@@ -863,7 +885,10 @@ Apply = Callable[[World, tuple[Run, Run], Act], None]
 
 
 def play(
-    history: History, runs_b: Callable[[str], bool], apply: Apply = apply
+    history: History,
+    runs_b: Callable[[str], bool],
+    apply: Apply = apply,
+    before_close: Callable[[World, tuple[Run, Run]], None] | None = None,
 ) -> tuple[World, Run, Run]:
     """Both runs over one history, then every claim finished and every envelope closed,
     and both settle. Within each instant the writes land one by one, reconciles of random
@@ -891,25 +916,35 @@ def play(
             every.reconcile(key)
             if runs_b(f"{number}.timer.{key}"):
                 some.reconcile(key)
-    # Every worker finishes, then every envelope closes: everything must settle.
+    # Every worker finishes, then every envelope closes (or the other way round):
+    # everything must settle.
     world.tick()
+    if history.close_first:
+        close_every_envelope(world, (every, some))
     for claim, extra in zip(sorted(world.claims), history.last_reports, strict=False):
         apply(world, (every, some), Act("usage", sorted(world.claims).index(claim), extra))
+    outcomes = dict(zip(sorted(world.claims), history.last_outcomes, strict=False))
     for claim, facts in world.claims.items():
         if not facts.spec.final:
-            world.update_claim(claim, final=True, outcome="Succeeded")
+            world.update_claim(claim, final=True, outcome=outcomes.get(claim, "Succeeded"))
     for run in (every, some):
         run.settle()
+    if before_close is not None:  # a last look at what settled, before everything closes
+        before_close(world, (every, some))
     world.tick()
-    for uid in list(world.envelopes):
-        envelope = world.envelopes[uid]
-        if not any(uid in run.gone for run in (every, some)) and envelope.accepting:
-            world.close(envelope.name)
+    close_every_envelope(world, (every, some))
     for run in (every, some):
         run.settle()
         check_everything_settled(world, run)
     compare_runs(every, some)
     return world, every, some
+
+
+def close_every_envelope(world: World, runs: tuple[Run, Run]) -> None:
+    for uid in list(world.envelopes):
+        envelope = world.envelopes[uid]
+        if not any(uid in run.gone for run in runs) and envelope.accepting:
+            world.close(envelope.name)
 
 
 def check_everything_settled(world: World, run: Run) -> None:

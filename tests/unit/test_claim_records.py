@@ -178,7 +178,7 @@ def test_a_record_gives_the_same_facts_as_the_whole_claim() -> None:
     """Every fact a decision reads survives: identity, versions, deletion, the force-settle
     annotation, the settlement its status records, the Lease's renewal."""
     body = claim(
-        {"nodeSelector": {"pool": "gpu"}, "affinity": affinity(10_000)},
+        {"nodeSelector": {"pool": "gpu"}, "affinity": affinity(200)},
         deletionTimestamp=AT,
         finalizers=["other.example/keep", CLAIM_FINALIZER, "late.example/f"],
         annotations={FORCE_SETTLE_ANNOTATION: "node lost", "note": "n"},

@@ -42,6 +42,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+from reservoir.core import borrowing
 from reservoir.core.borrowing import SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.claimstatus import claim_status, settled_record
@@ -405,6 +406,7 @@ class Run:
                 assert record is not None
                 self.records[claim.uid] = record
         self.books.check()  # the status as written, before its finalizer may go
+        self.books.check_lending(uid, siblings)
         if envelope.deleting and may_go(result):
             self.gone.add(uid)
             self.books.check()
@@ -534,10 +536,19 @@ def held(entries: Iterable[LedgerEntry], lines: Iterable[ChildEntry]) -> tuple[d
             reconciling = plus(reconciling, entry.reserved)
         elif entry.phase in (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
             reserved = plus(reserved, entry.reserved)
+        if kept_for_retry(entry):  # a failed attempt's hold for its branch's next attempt
+            reserved = plus(reserved, entry.retry.resources if entry.retry else {})
     for line in lines:
         if line.phase is ChildPhase.RESERVED:
             reserved = plus(reserved, line.reserved)
     return reserved, reconciling
+
+
+def kept_for_retry(entry: LedgerEntry) -> bool:
+    """A failed attempt still keeps what it did not use for its branch's next attempt: no
+    attempt took it and its window has not returned it."""
+    hold = entry.retry
+    return hold is not None and hold.taken_by is None and not hold.returned
 
 
 @dataclass
@@ -808,10 +819,47 @@ class Books:
         for pair, seen in self.loan_now.items():
             if pair[0] == uid and pair[1] not in status.loans and seen is not None:
                 assert seen.settled is not None, f"{pair}: a loan left the ledger unsettled"
-                if self.run.exists(pair[1]):  # only once its borrower's record is gone
-                    assert uid not in self.run.status(pair[1]).borrowed, f"{pair}: {seen}"
+                if self.run.exists(pair[1]):  # only once its borrower's record is gone or
+                    # closed (it never changes again)
+                    record = self.run.status(pair[1]).borrowed.get(uid)
+                    assert record is None or record.closed_at is not None, f"{pair}: {seen}"
                 self.loan_now[pair] = None
         assert same(status.totals.lent, lent), f"{uid}: lent {status.totals.lent} != {lent}"
+
+    def check_lending(self, uid: str, siblings: Iterable[SiblingFacts]) -> None:
+        """Lending stays live: after a pass in which an envelope could lend (open, under
+        policy.lending, owing nothing, its own queue wanting nothing), no sibling it read
+        asking for what it has above its floor is left without a loan, unless MAX_LOANS
+        loans hold a place: outstanding ones, and settled ones only while their borrower
+        is open or just this pass (issue 21 #7: settled loans of closed borrowers filled
+        the ledger and blocked lending for good)."""
+        status = self.run.status(uid)
+        policy = self.run.world.envelopes[uid].spec.policy.lending
+        if policy is None or status.phase is not EnvelopePhase.OPEN or status.wants is not None:
+            return
+        if any(v for v in status.totals.borrowed.values()):
+            return
+        read = {s.uid: s for s in siblings}
+        places = sum(
+            1
+            for borrower, loan in status.loans.items()
+            if loan.phase is LoanPhase.LENT
+            or loan.settled_at == self.run.world.now
+            or (borrower in read and read[borrower].accepting)
+        )
+        if places >= borrowing.MAX_LOANS:
+            return
+        spare = minus(status.totals.available, policy.floor)
+        for sibling in read.values():
+            wants = sibling.wants
+            if wants is None or not sibling.accepting or sibling.uid in status.loans:
+                continue
+            need = {k: v for k, v in wants.resources.items() if v > ZERO}
+            if need and all(v <= spare.get(k, ZERO) for k, v in need.items()):
+                raise AssertionError(
+                    f"{uid}: {sibling.name} asks for {need}, {spare} is spare above the "
+                    f"floor and {places} loans hold a place: not lent"
+                )
 
     def _lent(
         self, uid: str, borrower: str, loan: Loan, status: ReservationEnvelopeStatus
@@ -919,7 +967,10 @@ class Books:
                 assert not still_owed(last), f"{pair}: dropped a record still owed: {last}"
                 if self.run.exists(pair[1]):  # and only once its lender settled the loan
                     loan = self.run.status(pair[1]).loans.get(uid)
-                    assert loan is not None and loan.phase is LoanPhase.SETTLED, pair
+                    if loan is None:  # (its settled line went first: the record was closed)
+                        assert seen.settled is not None and last.closed_at is not None, pair
+                    else:
+                        assert loan.phase is LoanPhase.SETTLED, pair
                 self.record_now[pair] = None
         assert same(status.totals.borrowed, owed), f"{uid}: borrowed {status.totals} != {owed}"
 
@@ -939,7 +990,11 @@ class Books:
                         assert not still_owed(record), f"{pair}: owed to a gone lender"
                     continue
                 loan = run.status(lender).loans.get(borrower)
-                assert loan is not None, f"{pair}: a record of a loan its lender does not hold"
+                if loan is None:  # its lender settled it and let the line go: closed since
+                    assert seen is not None and seen.settled is not None, pair
+                    assert record.closed_at is not None, f"{pair}: a loan its lender dropped"
+                    continue
+
                 assert self.loan_now.get(pair) is seen, f"{pair}: records another loan"
                 assert loan.amount == record.amount, f"{pair}: {loan} != {record}"
                 if loan.phase is LoanPhase.LENT:

@@ -16,7 +16,8 @@ other's recorded facts:
 - The lender takes back what the borrower recorded as repaid, and settles the loan once it
   is repaid in full, or once the borrower closed (the unrepaid part stays committed in the
   lender: its claims consumed it), or once the borrower is closed or being deleted without
-  ever having recorded it (then nothing was drawn on it).
+  ever having recorded it (then nothing was drawn on it). A settled line goes once the
+  borrower's record is gone or closed: only outstanding loans count towards MAX_LOANS.
 
 Totals on both sides: committed + reserved + reconciling + lent + available == capacity +
 borrowed. Across the parent: the borrower's line settles R − (what it returns), the
@@ -183,8 +184,12 @@ def settle_loans(
     for uid, loan in list(status.loans.items()):
         sibling = siblings.get(uid)
         if loan.phase is LoanPhase.SETTLED:
-            if sibling is None or sibling.borrowing_from_me is None:
-                del status.loans[uid]  # the borrower's record is gone too: nothing to show
+            record = sibling.borrowing_from_me if sibling is not None else None
+            if record is None or record.closed_at is not None:
+                # Its borrower's record is gone, or closed: it never changes again and says
+                # all there is. The line goes, so settled loans never fill MAX_LOANS (issue
+                # 21 #7: borrowers closed owing part of a loan blocked lending for good).
+                del status.loans[uid]
             continue
         record = sibling.borrowing_from_me if sibling is not None else None
         if sibling is None:

@@ -34,6 +34,7 @@ def claim_status(
     deleting: bool = False,
     problem: str | None = None,
     awaiting_devices: str | None = None,
+    envelope_uid: str | None = None,
 ) -> BranchClaimStatus:
     """`awaiting_devices`: an admitted claim that asked for its devices (policy Commit) and
     has none yet, with the scheduler's reason; shown as condition DevicesHeld=False."""
@@ -77,11 +78,27 @@ def claim_status(
         history=entry.history,
         adjustment=entry.adjustment,
         retry=entry.retry,
+        # Bound once to the envelope that decided on it (issue 21 #3).
+        envelope_uid=previous.envelope_uid or envelope_uid or None,
         conditions=merge_conditions(
             previous.conditions, [*_conditions(entry, deleting), *unreadable], now, generation
         ),
         observed_generation=generation,
     )
+
+
+def set_aside(
+    previous: BranchClaimStatus, message: str, generation: int | None, now: datetime
+) -> BranchClaimStatus:
+    """A claim bound to an envelope that was deleted and re-created under its name: its
+    status stays as its own envelope left it, with a condition saying why nothing moves."""
+    conditions = merge_conditions(
+        previous.conditions,
+        [Desired("EnvelopeReplaced", True, "EnvelopeReplaced", message)],
+        now,
+        generation,
+    )
+    return previous.model_copy(update={"conditions": conditions})
 
 
 def _placement(held: DeviceHold | None) -> PlacementStatus | None:

@@ -122,6 +122,9 @@ class ClaimFacts:
     cancel_forwarded: ForwardedCancel | None = None  # forwarding its cancel, this pass
     # An older claim of the namespace with the same upstream.requestId (its name), if any.
     duplicate_of: str | None = None
+    # The UID of the envelope its status says decided on it (None: none did yet). A claim
+    # bound to another envelope of the same name never moves this one's capacity.
+    envelope_uid: str | None = None
 
     @property
     def cancelling(self) -> bool:
@@ -320,6 +323,11 @@ def advance(
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
         renew_lease(step, policy, renewals_open)
+    else:
+        # Settled in this pass: a failed attempt's hold made while the envelope no longer
+        # admits goes back at once, before the envelope records its balance (issue 21 #6:
+        # it went upward as if consumed when the claim failed as its envelope closed).
+        close_retry_window(step, renewals_open)
     return step.events
 
 

@@ -1414,6 +1414,13 @@ class BranchClaimStatus(Model):
     queue_reason: str | None = Field(
         default=None, max_length=MESSAGE_LENGTH, description="Why the claim is still Pending."
     )
+    envelope_uid: str | None = Field(
+        default=None,
+        max_length=64,
+        description="The UID of the envelope whose ledger decided on this claim, written with "
+        "its first line and never changed: an envelope re-created under the same name never "
+        "moves capacity for it (the claim is set aside with condition EnvelopeReplaced).",
+    )
     conditions: list[Condition] = Field(
         default_factory=list,
         description="Reserved, Committed, Running, Detached, CancelRequested, Settled, ...",

@@ -192,6 +192,9 @@ class Reconciliation:
     pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
     # Retry holds (by id) a retry waiting for its devices counts on in this pass.
     holds_in_use: set[int] = field(default_factory=set)
+    envelope_uid: str = ""  # the envelope's UID: a claim's status is bound to it
+    # claim uid -> why it is set aside: bound to an earlier envelope of the same name
+    replaced: dict[str, str] = field(default_factory=dict)
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.status.entries.get(uid) or self.off_ledger.get(uid)
@@ -245,6 +248,18 @@ def reconcile(
         c.uid: replace(_effective(c, envelope), devices=result.devices_seen.get(c.uid))
         for c in claims
     }
+    # A claim joins its envelope by name, but is bound to the one that decided on it: bound
+    # to an earlier envelope of this name (deleted since), it never moves this one's
+    # capacity, whatever it reports late (issue 21 #3). One never decided on may join.
+    result.envelope_uid = envelope.uid
+    for claim in claims:
+        bound = claim.envelope_uid
+        if envelope.uid and bound and bound != envelope.uid and claim.uid not in ledger.entries:
+            del facts_by_uid[claim.uid]
+            result.replaced[claim.uid] = (
+                f"decided on by envelope {envelope.name} with UID {bound}, since deleted: "
+                f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
+            )
     committed = dict(ledger.totals.committed)
     # What a late completion may be charged from: the balance as last written (nothing in
     # steps 1 and 2 draws it down), only while the envelope is open.

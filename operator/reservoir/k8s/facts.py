@@ -235,6 +235,7 @@ def claim_facts(
     hints = claim.get(PLACEMENT_PROBLEM)
     if hints:
         problem = f"{problem}; {hints}"[:900] if problem else hints
+    status = claim_status(claim)
     return ClaimFacts(
         uid=meta["uid"],
         name=meta["name"],
@@ -243,7 +244,8 @@ def claim_facts(
         deleting=bool(meta.get("deletionTimestamp")),
         heartbeat=heartbeat_token(lease),
         heartbeat_holder=heartbeat_holder(lease),
-        settled_record=settled_record(claim_status(claim), meta["uid"], meta["name"], spec.attempt),
+        settled_record=settled_record(status, meta["uid"], meta["name"], spec.attempt),
+        envelope_uid=status.envelope_uid if status is not None else None,
         force_settle=annotations.get(FORCE_SETTLE_ANNOTATION),
         pod=pod_facts([p for p in pods or [] if not mounts_others_devices(p, meta["uid"])]),
         problem=problem,

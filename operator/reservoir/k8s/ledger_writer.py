@@ -30,7 +30,7 @@ from lightkube.types import PatchType
 from reservoir import metrics
 from reservoir.core.borrowing import LOAN_EVENTS, SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
-from reservoir.core.claimstatus import claim_status
+from reservoir.core.claimstatus import claim_status, set_aside
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_occupancy, has_device_resources
 from reservoir.core.ledger import InvariantViolationError
@@ -876,6 +876,17 @@ class LedgerWriter:
             previous = read.claim_status(claim)
             entry = result.entry(uid)
             pending = result.pending.get(uid)
+            replaced = result.replaced.get(uid)
+            if replaced is not None and previous is not None:
+                # Bound to an envelope of this name that was deleted: it says so, and
+                # nothing else of its status changes (issue 21 #3).
+                aside = set_aside(previous, replaced, meta.get("generation"), now)
+                if aside != previous:
+                    self.record(claim, "Warning", "EnvelopeReplaced", replaced)
+                    writes.append((claim, aside))
+                else:
+                    mirrored.add(uid)
+                continue
             if entry is None and pending is None:
                 continue  # settled and pruned, or unreadable: leave its status alone
             deleting = bool(meta.get("deletionTimestamp"))
@@ -890,6 +901,7 @@ class LedgerWriter:
                 deleting=deleting,
                 problem=problems.get(uid),
                 awaiting_devices=result.awaiting_devices.get(uid),
+                envelope_uid=result.envelope_uid or None,
             )
             if previous is not None and wanted == previous:
                 mirrored.add(uid)
