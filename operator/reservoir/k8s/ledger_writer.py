@@ -54,7 +54,6 @@ from reservoir.core.provider import (
     cancel_to_forward,
     lookup_due,
     needs_lookup,
-    suspended_by_cancel,
 )
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
@@ -640,8 +639,7 @@ class LedgerWriter:
                 done, text = await self.providers.forward_cancel(namespace, fact.spec, policy, how)
                 fact = replace(fact, cancel_forwarded=ForwardedCancel(how, done, text))
             if lookup:
-                suspended = suspended_by_cancel(entry)
-                answer = await self.providers.look_up(namespace, fact.spec, policy, suspended)
+                answer = await self.providers.look_up(namespace, fact.spec, policy)
                 result = "failed" if answer.error else "answered"
                 metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
                 fact = replace(fact, provider=answer)
