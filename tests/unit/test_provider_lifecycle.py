@@ -93,7 +93,7 @@ def test_a_failed_lookup_is_counted_and_changes_nothing_else() -> None:
     again = sim.entry("a").provider
     assert again is not None and again.failures == 2 and again.lookups == 2
     sim.provider("a", answer(S.FAILED)).reconcile()
-    assert sim.phase("a") is P.RELEASED
+    assert sim.phase("a") is P.CONSUMED and sim.available() == "100", "it used nothing"
     settled = sim.entry("a")
     assert settled.settlement is not None and settled.settlement.outcome is not None
     assert settled.settlement.outcome.value == "Failed"
@@ -600,3 +600,17 @@ def test_a_provider_reported_overrun_is_recorded_as_the_workers_is() -> None:
         assert overrun is not None, who
         overruns.append((overrun.usage, overrun.excess, overrun.final))
     assert overruns == [({"tokens": Decimal(35)}, {"tokens": Decimal(15)}, True)] * 2
+
+
+def test_an_answer_of_nothing_used_settles_as_a_final_report_of_nothing_does() -> None:
+    """Found by the audit: a Job that says it used nothing, seen before the worker's final
+    report of nothing or together with it, settles alike (Consumed, C = 0, R returned)."""
+    settled = []
+    for together in (False, True):
+        sim = detached(Sim(default_lease_seconds=5))
+        sim.provider("a", job_answer(job(conditions=("Complete",), usage={})))
+        if not together:
+            sim.reconcile().provider("a", None).tick(1)
+        sim.update("a", final=True, outcome="Succeeded").reconcile()
+        settled.append((sim.phase("a"), sim.entry("a").consumed, sim.available()))
+    assert settled == [(P.CONSUMED, {}, "100")] * 2

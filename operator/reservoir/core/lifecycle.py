@@ -600,13 +600,16 @@ def settle_on_answer(step: Step, said: ProviderState) -> bool:
         return True
     if not step.answer_settles:
         return False  # recorded without the usage (ProviderUsageUnknown): it waits
-    outcome = TERMINAL_OUTCOMES[said]
-    charge(
+    # Consumed, as a final report makes it (even of nothing): the same answer seen before
+    # or together with the worker's final report settles alike (found by the audit).
+    settle(
         step,
+        ClaimPhase.CONSUMED,
         f"Provider{said.value}",
+        dict(entry.usage),
+        TERMINAL_OUTCOMES[said],
         f"the provider says {said.value}: the recorded usage is charged, the rest returned",
         Trigger.PROVIDER,
-        outcome,
     )
     return True
 
