@@ -398,7 +398,8 @@ def test_a_cancel_is_forwarded_to_a_job_by_suspending_or_deleting_it_per_policy(
     """upstreamCancel Suspend suspends the Job, Delete deletes it, and a claim whose
     provider cannot cancel (supportsCancel false) leaves its Job alone. Each is only a
     request: the capacity waits for the Job's answer (a suspended Job with no pod left is
-    Cancelled; a deleted one answers nothing)."""
+    not Cancelled: anyone may resume it, and it settles when it completes; a deleted one
+    answers nothing)."""
     for envelope, how in (("wfs", "Suspend"), ("wfd", "Delete")):
         create_envelope(
             cluster,
@@ -410,9 +411,9 @@ def test_a_cancel_is_forwarded_to_a_job_by_suspending_or_deleting_it_per_policy(
             providerLookupMaxSeconds=2,
         )
     # Jobs that start and keep running (their pods wait behind a scheduling gate).
-    for job, envelope in (("js", "wfs"), ("jn", "wfs")):
-        create_job(cluster, ns, job, envelope)
+    create_job(cluster, ns, "jn", "wfs")
     create_job(cluster, ns, "jd", "wfd", claim="d")  # the Job's owner lets claim d delete it
+    create_job(cluster, ns, "js", "wfs", usage={"tokens": "15"})
     cancellable = {**job_upstream("js"), "supportsCancel": True}
     sdk.hold("wfs", "s", {"tokens": "20"}, name="s", dispatch=True, upstream=cancellable)
     cancellable = {**job_upstream("jd"), "supportsCancel": True}
@@ -433,12 +434,39 @@ def test_a_cancel_is_forwarded_to_a_job_by_suspending_or_deleting_it_per_policy(
     assert "suspended" in claim.status.provider.cancel, claim.status.provider
     spec = job_spec(cluster, ns, "js")
     assert spec is not None and spec["suspend"] is True
-    # Suspended, its pod gone: the Job's answer is Cancelled, and only that settles it.
-    claim = settled(sdk, "s")
+    # Suspended, its pod gone: not a confirmed cancel (issue 21, defect 2). It is resumed
+    # (anyone may re-apply the Job), runs and completes: the usage it reports is charged.
+    eventually(
+        "the suspended Job's pod gone",
+        lambda: (
+            not cluster.kubectl("get", "pods", "-n", ns, "-l", "job-name=js", "-o", "name").split()
+        ),
+    )
+    record = sdk.get("s").status.provider
+    asked = record.lookups if record is not None else 0
+    claim = eventually(
+        "the suspended Job looked up twice more",
+        lambda: (
+            (v := sdk.get("s")).status.provider is not None
+            and v.status.provider.lookups >= asked + 2
+            and v
+        ),
+        timeout=60,
+    )
+    assert claim.status.provider is not None
+    assert claim.status.provider.state in (ProviderState.PENDING, ProviderState.RUNNING)
+    assert claim.status.settlement is None and claim.phase.holds_capacity
+    resume_job(cluster, ns, "js")
+    eventually(
+        "the resumed Job's pod",
+        lambda: cluster.kubectl("get", "pods", "-n", ns, "-l", "job-name=js", "-o", "name").split(),
+    )
+    finish_job(cluster, ns, "js")
+    claim = settled(sdk, "s", within=60)
     settlement = claim.status.settlement
     assert settlement is not None
-    assert (settlement.reason, settlement.outcome) == ("ProviderCancelled", Outcome.CANCELLED)
-    assert tokens(claim.status.consumed) == 0 and tokens(claim.status.released) == 20
+    assert (settlement.reason, settlement.outcome) == ("ProviderSucceeded", Outcome.SUCCEEDED)
+    assert tokens(claim.status.consumed) == 15 and tokens(claim.status.released) == 5
 
     claim = eventually(
         "the Job deleted",
@@ -484,7 +512,7 @@ def test_a_cancel_is_forwarded_to_a_job_by_suspending_or_deleting_it_per_policy(
     for name, forwarded in (("s", 1), ("d", 1), ("n", 0)):
         reasons = events_of(cluster, ns, name)
         assert reasons.count("CancelForwarded") == forwarded, (name, reasons)
-    settled_ledger(sdk, "wfs", reserved="20", committed="0", available="20")
+    settled_ledger(sdk, "wfs", reserved="20", committed="15", available="5")
     settled_ledger(sdk, "wfd", reserved="20", committed="0", available="20")
 
 

@@ -96,7 +96,7 @@ def test_only_a_terminal_job_carries_usage_and_a_default_result() -> None:
     assert done.result == "Job/train-7"
     assert done.outcome is not None
     running = job_answer(obj(status={"active": 1}, annotations=usage))
-    assert running.state is S.RUNNING and running.usage == {} and running.result is None
+    assert running.state is S.RUNNING and running.usage is None and running.result is None
     # A running Job's annotation is not read (a half-written one is no error yet).
     half = job_answer(obj(status={"active": 1}, annotations={USAGE_ANNOTATION: "{"}))
     assert half.error is None and half.state is S.RUNNING
@@ -106,7 +106,9 @@ def test_the_result_annotation_is_the_result_cut_to_its_bound() -> None:
     failed = job_answer(
         obj(status={"conditions": [cond("Failed")]}, annotations={RESULT_ANNOTATION: "s3://b/k"})
     )
-    assert failed.state is S.FAILED and failed.result == "s3://b/k" and failed.usage == {}
+    assert failed.state is S.FAILED and failed.result == "s3://b/k"
+    assert failed.usage is None, "no annotation: the Job did not say what it used"
+    assert not failed.settles
     long = job_answer(
         obj(status={"conditions": [cond("Complete")]}, annotations={RESULT_ANNOTATION: "x" * 2000})
     )
@@ -138,7 +140,25 @@ def test_an_unreadable_usage_annotation_is_an_error_answer_never_an_exception(te
     assert got.state is S.UNKNOWN and got.outcome is None
     assert got.error is not None and USAGE_ANNOTATION in got.error
     assert len(got.error) <= MAX_ERROR_LENGTH
-    assert got.usage == {} and got.result is None
+    assert got.usage is None and got.result is None
+
+
+def test_a_completion_says_what_was_used_only_with_the_annotation() -> None:
+    """Without the usage annotation a completed Job says nothing of usage (not proof of
+    zero usage: the claim does not settle on it); an empty map says nothing was used."""
+    complete = {"conditions": [cond("Complete")]}
+    silent = job_answer(obj(status=complete))
+    assert silent.state is S.SUCCEEDED and silent.usage is None and not silent.settles
+    nothing = job_answer(obj(status=complete, annotations={USAGE_ANNOTATION: "{}"}))
+    assert nothing.usage == {} and nothing.settles
+    assert job_answer(obj(status={"active": 1})).usage is None
+    http_silent = http_answer(200, body(state="Succeeded"), "op/1")
+    assert http_silent.usage is None and not http_silent.settles
+    assert http_answer(200, body(state="Succeeded", usage=None), "op/1").usage is None
+    http_nothing = http_answer(200, body(state="Cancelled", usage={}), "op/1")
+    assert http_nothing.usage == {} and http_nothing.settles
+    never = http_answer(200, body(state="NeverStarted"), "op/1")
+    assert never.usage is None and never.settles, "never started: nothing was used"
 
 
 def test_a_malformed_object_reads_as_an_answer() -> None:
@@ -230,10 +250,10 @@ def test_http_answers_in_the_contract() -> None:
     assert done.usage == {"tokens": Decimal(2000)} and done.result == "s3://x"
     for state in S:
         got = http_answer(200, body(state=state.value), "op/1")
-        assert got.state is state and got.error is None and got.usage == {}
+        assert got.state is state and got.error is None and got.usage is None
         assert got.result is None  # no default result for HTTP
     running = http_answer(200, body(state="Running", usage={"tokens": "nope"}), "op/1")
-    assert running.state is S.RUNNING and running.error is None and running.usage == {}
+    assert running.state is S.RUNNING and running.error is None and running.usage is None
     long = http_answer(200, body(state="Failed", result="r" * 999), "op/1")
     assert long.result == "r" * MAX_RESULT_LENGTH
 
@@ -261,7 +281,7 @@ def test_http_errors_are_unknown_answers(code: int, raw: bytes, error: str) -> N
     got = http_answer(code, raw, "op/1")
     assert got.state is S.UNKNOWN and got.outcome is None
     assert got.error is not None and got.error.startswith(error), got.error
-    assert got.usage == {} and got.result is None
+    assert got.usage is None and got.result is None
 
 
 def test_errors_are_cut_to_their_bound() -> None:
@@ -558,16 +578,15 @@ async def test_forwarding_a_cancel_to_objects() -> None:
     await client.aclose()
 
 
-def test_a_suspended_job_is_cancelled_only_when_the_operator_suspended_it() -> None:
-    from reservoir.k8s.providers import job_answer
-
+def test_a_suspended_job_is_never_cancelled() -> None:
+    """Suspended, by the operator's forwarded cancel or by a queue, with no pod left: not
+    terminal while the Job exists (anyone may resume it)."""
     suspended = obj(status={"conditions": [cond("Suspended")]}, spec={"suspend": True})
-    assert job_answer(suspended).state is S.PENDING, "queued (say, by Kueue)"
-    assert job_answer(suspended, suspended_by_cancel=True).state is S.CANCELLED
+    assert job_answer(suspended).state is S.PENDING
     stopping = obj(
         status={"terminating": 1, "conditions": [cond("Suspended")]}, spec={"suspend": True}
     )
-    assert job_answer(stopping, suspended_by_cancel=True).state is S.RUNNING, "pods remain"
+    assert job_answer(stopping).state is S.RUNNING, "pods remain"
 
 
 # --- found by review: names that leave the namespace, selectors, floods ----------------

@@ -3,9 +3,12 @@ races, late completions, retry windows, duplicate request ids and the durable hi
 
 from __future__ import annotations
 
+import asyncio
+import json
 from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.ledgersize import projected_bytes
@@ -13,7 +16,10 @@ from reservoir.core.model import ClaimPhase as P
 from reservoir.core.model import ProviderState as S
 from reservoir.core.model import Trigger, UpstreamCancel
 from reservoir.core.provider import ForwardedCancel, ProviderAnswer, needs_lookup, next_lookup
+from reservoir.k8s.ledger_writer import LedgerWriter
+from reservoir.k8s.providers import USAGE_ANNOTATION, job_answer
 from tests.unit.sim import T0, Sim
+from tests.unit.test_provider_adapters import FakeKube
 
 SUSPEND = UpstreamCancel.SUSPEND
 
@@ -87,7 +93,7 @@ def test_a_failed_lookup_is_counted_and_changes_nothing_else() -> None:
     again = sim.entry("a").provider
     assert again is not None and again.failures == 2 and again.lookups == 2
     sim.provider("a", answer(S.FAILED)).reconcile()
-    assert sim.phase("a") is P.RELEASED
+    assert sim.phase("a") is P.CONSUMED and sim.available() == "100", "it used nothing"
     settled = sim.entry("a")
     assert settled.settlement is not None and settled.settlement.outcome is not None
     assert settled.settlement.outcome.value == "Failed"
@@ -473,3 +479,138 @@ def test_a_retry_waiting_for_devices_needs_from_the_balance_only_what_its_hold_l
     sim.tick(1).create("a3", {"tokens": "20", "nvidia.com/gpu": "1"}, branch="b", attempt=3)
     sim.reconcile()
     assert sim.phase("a3") is P.PENDING and sim.total("reserved") == "90"
+
+
+# --- issue 21 §3: provider-answer histories (each failed before its fix) -----------------
+
+
+def job(
+    conditions: tuple[str, ...] = (),
+    active: int = 0,
+    suspend: bool = False,
+    usage: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A batch/v1 Job as the API server returns it (what the Job adapter reads)."""
+    annotations = {USAGE_ANNOTATION: json.dumps(usage)} if usage is not None else {}
+    status: dict[str, Any] = {"conditions": [{"type": c, "status": "True"} for c in conditions]}
+    if active:
+        status |= {"active": active, "startTime": "2026-01-01T00:00:00Z"}
+    return {
+        "kind": "Job",
+        "metadata": {"name": "train-7", "namespace": "ns", "annotations": annotations},
+        "spec": {"suspend": suspend},
+        "status": status,
+    }
+
+
+def test_a_completion_without_usage_settles_the_same_before_or_with_the_final_report() -> None:
+    """Defect 1: a detached claim's Job completes without the usage annotation; the
+    worker's final report (12 of R 20) arrives a moment later. Seen in that order or
+    together, 12 is charged (available 88): a completion that does not say what was used
+    is not proof of zero usage (child-settlement.txt), so it settles nothing on its own."""
+    silent = job_answer(job(conditions=("Complete",)))
+    outcomes = []
+    for together in (False, True):
+        sim = detached(Sim(default_lease_seconds=5))
+        sim.provider("a", silent)
+        if not together:
+            sim.reconcile()
+            assert sim.phase("a") is P.DETACHED and sim.available() == "80", "R stays held"
+            assert "ProviderUsageUnknown" in sim.reasons("a")
+            sim.provider("a", None).tick(1)
+        sim.usage("a", "12", final=True).reconcile()
+        entry = sim.entry("a")
+        late = entry.late.count if entry.late is not None else 0
+        outcomes.append((entry.phase, entry.consumed, sim.available(), late))
+    assert outcomes == [(P.CONSUMED, {"tokens": Decimal(12)}, "88", 0)] * 2
+
+
+def test_a_completion_without_usage_leaves_the_claim_to_the_deadline_and_adjusts_nothing() -> None:
+    """Defect 1, with no final report at all: the ambiguity deadline decides (Quarantine
+    charges R), a later silent answer returns nothing, and an answer with the usage is
+    the one late completion applied."""
+    sim = detached(Sim(default_lease_seconds=5, ambiguity_deadline_seconds=20))
+    silent = job_answer(job(conditions=("Complete",)))
+    for _ in range(3):
+        sim.provider("a", silent).tick(5).reconcile()
+        assert sim.phase("a") is P.DETACHED and sim.available() == "80"
+    assert sim.reasons("a").count("ProviderUsageUnknown") == 1, "said once per answer"
+    sim.provider("a", None).tick(20).reconcile()
+    settlement = sim.entry("a").settlement
+    assert settlement is not None and settlement.reason == "AmbiguityDeadlineQuarantine"
+    sim.provider("a", silent).tick(300).reconcile()
+    assert sim.entry("a").adjustment is None and sim.total("committed") == "20"
+    sim.provider("a", job_answer(job(conditions=("Complete",), usage={"tokens": "6"})))
+    sim.tick(300).reconcile()
+    adjustment = sim.entry("a").adjustment
+    assert adjustment is not None and adjustment.returned == {"tokens": Decimal(14)}
+    assert sim.total("committed") == "6"
+
+
+def consult(sim: Sim, name: str, kube: FakeKube) -> Sim:
+    """What the operator's writer does for the claim before its next pass: forward its
+    cancel if due, and look its Job up (the very code of LedgerWriter, on a fake API)."""
+    writer = LedgerWriter(kube, record=lambda *_: None, clock=lambda: sim.now)  # type: ignore[arg-type]
+    fact = replace(sim.claims[name], provider=None, cancel_forwarded=None)
+    policy = sim.envelope.spec.policy
+    sim.claims[name] = asyncio.run(writer._consult_provider("ns", fact, sim.status, policy))
+    return sim
+
+
+def test_a_job_suspended_by_the_forwarded_cancel_is_not_a_confirmed_cancel() -> None:
+    """Defect 2: the cancel is forwarded by suspending the Job and its pod goes; then
+    someone re-applies the Job (resumed), it completes with usage 15. Suspended is not
+    terminal while the Job exists: R stays held, and 15 is charged in the end."""
+    kube = FakeKube()
+    kube.objects[("Job", "train-7")] = job(active=1)
+    sim = Sim(default_lease_seconds=300)
+    sim.create("a", upstream={**JOB, "supportsCancel": True}).reconcile()
+    sim.dispatch("a").reconcile().cancel("a").reconcile()
+    consult(sim, "a", kube).reconcile()
+    assert ("patch", "Job", "train-7") in [c[:3] for c in kube.calls], "suspended"
+    record = sim.entry("a").provider
+    assert record is not None and record.cancel_forwarded_as is SUSPEND
+    kube.objects[("Job", "train-7")] = job(conditions=("Suspended",), suspend=True)
+    consult(sim, "a", kube).tick(1).reconcile()
+    assert not sim.entry("a").phase.terminal and sim.available() == "80", "suspended: held"
+    kube.objects[("Job", "train-7")] = job(active=1)  # resumed by a re-apply
+    consult(sim, "a", kube).tick(1).reconcile()
+    kube.objects[("Job", "train-7")] = job(conditions=("Complete",), usage={"tokens": "15"})
+    consult(sim, "a", kube).tick(1).reconcile()
+    entry = sim.entry("a")
+    assert entry.settlement is not None and entry.settlement.reason == "ProviderSucceeded"
+    assert entry.consumed == {"tokens": Decimal(15)} and sim.available() == "85"
+
+
+def test_a_provider_reported_overrun_is_recorded_as_the_workers_is() -> None:
+    """Defect 8: 35 against R 20, from the provider's answer or from the worker's final
+    report: charged 20 either way, and the overrun (15) recorded with its Event."""
+    overruns = []
+    for who in ("provider", "worker"):
+        sim = detached(Sim(default_lease_seconds=5))
+        if who == "provider":
+            sim.provider("a", job_answer(job(conditions=("Complete",), usage={"tokens": "35"})))
+        else:
+            sim.usage("a", "35", final=True)
+        sim.reconcile()
+        entry = sim.entry("a")
+        assert entry.consumed == {"tokens": Decimal(20)} and sim.available() == "80", who
+        assert "Overrun" in sim.reasons("a"), who
+        overrun = entry.overrun
+        assert overrun is not None, who
+        overruns.append((overrun.usage, overrun.excess, overrun.final))
+    assert overruns == [({"tokens": Decimal(35)}, {"tokens": Decimal(15)}, True)] * 2
+
+
+def test_an_answer_of_nothing_used_settles_as_a_final_report_of_nothing_does() -> None:
+    """Found by the audit: a Job that says it used nothing, seen before the worker's final
+    report of nothing or together with it, settles alike (Consumed, C = 0, R returned)."""
+    settled = []
+    for together in (False, True):
+        sim = detached(Sim(default_lease_seconds=5))
+        sim.provider("a", job_answer(job(conditions=("Complete",), usage={})))
+        if not together:
+            sim.reconcile().provider("a", None).tick(1)
+        sim.update("a", final=True, outcome="Succeeded").reconcile()
+        settled.append((sim.phase("a"), sim.entry("a").consumed, sim.available()))
+    assert settled == [(P.CONSUMED, {}, "100")] * 2

@@ -159,6 +159,8 @@ class Step:
     # is bounded by its envelope (see reservoir.core.ledgersize), whatever a worker sends.
     dimensions: frozenset[str] | None = None
     events: list[LedgerEvent] = field(default_factory=list)
+    # This pass recorded a terminal answer that says what was used: the claim settles on it.
+    answer_settles: bool = False
 
     def kept(self, usage: Mapping[str, Decimal]) -> dict[str, Decimal]:
         return {k: v for k, v in usage.items() if self.dimensions is None or k in self.dimensions}
@@ -332,20 +334,28 @@ def advance(
 
 
 def record_usage(step: Step) -> None:
-    """Record cumulative usage as a running maximum of min(usage, R) per resource, so the
-    record never goes back whatever the operator saw or missed. A report above R is proof
-    that the branch ran: it is charged at most R and the excess is kept as an overrun."""
-    entry, spec = step.entry, step.facts.spec
-    record_running_max(entry, spec.usage)
-    reported = step.kept(spec.usage)
+    """Record the worker's cumulative usage report (see record_report)."""
+    spec = step.facts.spec
+    record_report(step, spec.usage, spec.final)
+
+
+def record_report(step: Step, usage: Mapping[str, Decimal], final: bool) -> None:
+    """Record cumulative usage, the worker's or the provider's, as a running maximum of
+    min(usage, R) per resource, so the record never goes back whatever the operator saw or
+    missed. A report above R is proof that the branch ran: it is charged at most R and the
+    excess is kept as an overrun, whoever reported it (found by review: the provider's
+    overrun was capped and dropped)."""
+    entry = step.entry
+    record_running_max(entry, usage)
+    reported = step.kept(usage)
     excess = {k: v - entry.reserved.get(k, ZERO) for k, v in reported.items()}
     excess = {k: v for k, v in excess.items() if v > ZERO}
     if not excess:
         return
     seen = entry.overrun
-    if seen is not None and (seen.usage, seen.final) == (reported, spec.final):
+    if seen is not None and (seen.usage, seen.final) == (reported, final):
         return
-    entry.overrun = Overrun(usage=reported, excess=excess, final=spec.final, at=step.now)
+    entry.overrun = Overrun(usage=reported, excess=excess, final=final, at=step.now)
     step.note(
         "Overrun",
         f"usage above the reservation for {', '.join(sorted(excess))}: the branch ran; it is "
@@ -368,27 +378,45 @@ def record_running_max(entry: LedgerEntry, usage: Mapping[str, Decimal]) -> None
 def record_answer(step: Step, policy: EnvelopePolicy) -> None:
     """Record what a provider lookup of this pass said: its state (or the failure), when it
     was asked, when to ask next, and a cancel forwarded. A repeat of the recorded answer
-    before the next lookup is due changes nothing (no write, no wake-up loop)."""
+    before the next lookup is due changes nothing (no write, no wake-up loop); an answer
+    the claim settles on is recorded whenever it comes (not only when due: the same answer
+    settles the same whether or not the operator saw an earlier one)."""
     answer, entry = step.facts.provider, step.entry
     if answer is None or not needs_lookup(entry, step.facts.spec, policy):
         return
     record = (entry.provider or ProviderRecord()).model_copy(deep=True)
     error = cut_bytes(answer.error, MAX_ERROR_LENGTH) if answer.error else None
+    # ("Never started" settles on the recorded state, so it is recorded as news only.)
+    settles = (
+        answer.settles
+        and answer.state is not ProviderState.NEVER_STARTED
+        and not entry.phase.terminal
+    )
     changed = error != record.last_error or (error is None and answer.state != record.state)
-    if changed or lookup_due(entry, step.now):
+    if changed or settles or lookup_due(entry, step.now):
         if error is not None:
             record.failures += 1
             if error != record.last_error:
                 step.note("ProviderLookupFailed", f"provider lookup failed: {error}", True)
             record.last_error = error
         else:
-            if answer.state != record.state:
+            news = answer.state != record.state
+            if news:
                 step.note("ProviderAnswered", f"the provider says {answer.state.value}")
             record.failures, record.last_error, record.state = 0, None, answer.state
             if answer.state.terminal and entry.result is None and answer.result:
                 entry.result = cut_bytes(answer.result, MAX_RESULT_LENGTH)
-            if answer.state.terminal and not entry.phase.terminal:
-                record_running_max(entry, step.kept(answer.usage))
+            if settles:
+                record_report(step, answer.usage or {}, final=True)
+                step.answer_settles = True
+            elif news and answer.state.terminal and not entry.phase.terminal:
+                step.note(
+                    "ProviderUsageUnknown",
+                    f"the provider says {answer.state.value} but not what the work used: "
+                    "not proof of zero usage, so nothing settles on it; the capacity waits "
+                    "for the final report, an answer with the usage or the ambiguity deadline",
+                    warning=True,
+                )
         record.lookups += 1
         record.checked_at = step.now
         record.next_lookup_at = next_lookup(step.facts.uid, record.lookups, step.now, policy)
@@ -612,9 +640,13 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
 
 
 def settle_on_answer(step: Step, said: ProviderState) -> bool:
-    """A terminal answer from the provider settles the claim like a final report: C is the
-    usage recorded (the worker's reports and the provider's), R − C returns. "Never
-    started" returns R, unless something shows the branch ran. Returns whether it settled."""
+    """A terminal answer from the provider that says what was used settles the claim like a
+    final report: C is the usage recorded (the worker's reports and the provider's), R − C
+    returns. One without the usage settles nothing: "completed" is not proof of zero usage
+    (child-settlement.txt), and the worker's final report may follow it; read as zero, the
+    outcome would depend on whether the operator saw the answer before that report or with
+    it (found by review). "Never started" returns R, unless something shows the branch ran.
+    Returns whether it settled."""
     entry, facts = step.entry, step.facts
     if said is ProviderState.NEVER_STARTED:
         # Recorded before this is read, in this pass or an earlier one: any usage, a
@@ -638,13 +670,18 @@ def settle_on_answer(step: Step, said: ProviderState) -> bool:
             trigger=Trigger.PROVIDER,
         )
         return True
-    outcome = TERMINAL_OUTCOMES[said]
-    charge(
+    if not step.answer_settles:
+        return False  # recorded without the usage (ProviderUsageUnknown): it waits
+    # Consumed, as a final report makes it (even of nothing): the same answer seen before
+    # or together with the worker's final report settles alike (found by the audit).
+    settle(
         step,
+        ClaimPhase.CONSUMED,
         f"Provider{said.value}",
+        dict(entry.usage),
+        TERMINAL_OUTCOMES[said],
         f"the provider says {said.value}: the recorded usage is charged, the rest returned",
         Trigger.PROVIDER,
-        outcome,
     )
     return True
 
@@ -802,9 +839,10 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
     answer = facts.provider
     if facts.spec.final:
         usage, outcome, trigger = step.kept(facts.spec.usage), facts.spec.outcome, Trigger.WORKER
-    elif answer is not None and answer.error is None and answer.state.terminal:
-        # This pass's own answer: a failed lookup after an old one decides nothing.
-        usage, outcome, trigger = step.kept(answer.usage), answer.outcome, Trigger.PROVIDER
+    elif answer is not None and answer.settles:
+        # This pass's own answer: a failed lookup after an old one decides nothing, nor does
+        # one that does not say what the work used (not proof of zero usage).
+        usage, outcome, trigger = step.kept(answer.usage or {}), answer.outcome, Trigger.PROVIDER
     else:
         return
     # What it used is at least what was recorded as used: a completion that reports less

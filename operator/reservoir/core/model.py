@@ -195,7 +195,9 @@ class UpstreamState(StrEnum):
 class ProviderState(StrEnum):
     """What the provider says about the upstream operation, in the response contract's words.
     Succeeded, Failed, Cancelled and NeverStarted are terminal answers: authoritative, the
-    claim settles on them. Unknown (or a lookup that failed) keeps the claim as it is."""
+    claim settles on them (the first three only with the usage: a completion that does not
+    say what was used is not proof of zero usage). Unknown (or a lookup that failed) keeps
+    the claim as it is."""
 
     PENDING = "Pending"  # accepted or queued, not started
     RUNNING = "Running"
@@ -690,7 +692,7 @@ class ProviderRecord(Model):
     cancel_forwarded_as: UpstreamCancel | None = Field(
         default=None,
         description="How the cancel was forwarded (Suspend or Delete, per upstreamCancel then): "
-        "a Job suspended for it confirms the cancel once no pod of it is left.",
+        "a suspended Job confirms nothing (it can be resumed).",
     )
 
 

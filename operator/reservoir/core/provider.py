@@ -5,8 +5,12 @@ The operator looks up the upstream operation of a claim only while the claim nee
 (client-disconnect.txt): it is Detached (its worker is gone), a cancel was asked after the
 commit point, or it was submitted and the provider has not yet said it accepted the work.
 Lookups back off (2 s, doubling, with jitter, at most the policy's bound); a failed lookup
-is counted and changes nothing else. A terminal answer settles the claim like a final
-report; Unknown keeps it as it is until the ambiguity deadline.
+is counted and changes nothing else. A terminal answer that reports the usage settles the
+claim like a final report; one that does not is recorded and settles nothing (a provider's
+"completed" is not proof of zero usage, child-settlement.txt): the claim waits for the
+worker's final report, an answer with the usage, or the ambiguity deadline, so the outcome
+is the same whether the operator saw the answer before the final report or with it.
+Unknown keeps the claim as it is until the ambiguity deadline.
 
 The adapters (reservoir.k8s.providers) turn a Job, a Pod, an object with conditions, or an
 HTTP endpoint's JSON into a `ProviderAnswer`; everything here is pure.
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 from enum import StrEnum
@@ -42,16 +46,26 @@ class Adapter(StrEnum):
 
 @dataclass(frozen=True)
 class ProviderAnswer:
-    """One lookup's answer. A lookup that failed has `error` set and state Unknown."""
+    """One lookup's answer. A lookup that failed has `error` set and state Unknown.
+    `usage` None: the provider did not say what the work used (no usage annotation, no
+    "usage" in the HTTP answer); {} says it used nothing."""
 
     state: ProviderState
-    usage: Mapping[str, Decimal] = field(default_factory=dict)
+    usage: Mapping[str, Decimal] | None = None
     result: str | None = None
     error: str | None = None
 
     @property
     def outcome(self) -> Outcome | None:
         return TERMINAL_OUTCOMES.get(self.state)
+
+    @property
+    def settles(self) -> bool:
+        """A terminal answer that says what was used: enough to settle the claim on. "Never
+        started" says it (nothing); Succeeded, Failed or Cancelled only with the usage."""
+        if self.error is not None or not self.state.terminal:
+            return False
+        return self.state is ProviderState.NEVER_STARTED or self.usage is not None
 
 
 TERMINAL_OUTCOMES = {
@@ -68,13 +82,6 @@ class ForwardedCancel:
     how: UpstreamCancel
     done: bool  # it went through (anything else is tried again on a later pass)
     text: str
-
-
-def suspended_by_cancel(entry: LedgerEntry) -> bool:
-    """Its cancel was recorded as forwarded by suspending its Job: a recorded fact, not
-    the envelope's policy now."""
-    record = entry.provider
-    return record is not None and record.cancel_forwarded_as is UpstreamCancel.SUSPEND
 
 
 def adapter_for(spec: BranchClaimSpec, policy: EnvelopePolicy) -> Adapter | None:

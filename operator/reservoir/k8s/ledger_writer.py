@@ -55,7 +55,6 @@ from reservoir.core.provider import (
     cancel_to_forward,
     lookup_due,
     needs_lookup,
-    suspended_by_cancel,
 )
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
@@ -663,8 +662,7 @@ class LedgerWriter:
                 )
                 fact = replace(fact, cancel_forwarded=ForwardedCancel(how, done, text))
             if lookup:
-                suspended = suspended_by_cancel(entry)
-                answer = await self.providers.look_up(namespace, fact.spec, policy, suspended)
+                answer = await self.providers.look_up(namespace, fact.spec, policy)
                 result = "failed" if answer.error else "answered"
                 metrics.provider_lookups.labels(namespace, str(adapter), result).inc()
                 fact = replace(fact, provider=answer)

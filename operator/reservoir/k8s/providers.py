@@ -10,13 +10,16 @@ Objects. A terminal object may carry, as annotations, what the work consumed and
 result is:
     reservoir.dev/usage:  '{"tokens": "12k", "cost": "0.42"}'  (Kubernetes quantities)
     reservoir.dev/result: 's3://bucket/run-7/out.json'         (default: "Job/train-7")
+Without the usage annotation the answer says nothing of usage (`usage` None): the claim
+does not settle on it (a completion is not proof of zero usage).
 
 HTTP contract. GET statusURL ("{operationId}" replaced by the URL-escaped id, with
 "Authorization: Bearer <token>" when the endpoint names a token Secret) answers 200 with
     {"operationId": "op-1", "state": "Succeeded",
      "usage": {"tokens": "12k"}, "result": "s3://bucket/op-1"}
 where state is one of Pending, Running, Succeeded, Failed, Cancelled, NeverStarted,
-Unknown, and usage and result are optional (read only for terminal states). 404 means the
+Unknown, and usage and result are optional (read only for terminal states; without usage,
+a terminal answer settles nothing, {} says nothing was used). 404 means the
 provider does not know the operation (Unknown). POST cancelURL (same substitution) asks
 for cancellation; any 2xx is "requested", never "confirmed". The calls are made by
 provider_http (the administrator's allow-list, caps and rate per namespace, no cookies, no
@@ -151,7 +154,7 @@ def _settled(state: ProviderState, obj: Mapping[str, Any], kind: str) -> Provide
     meta = _mapping(obj.get("metadata"))
     annotations = _mapping(meta.get("annotations"))
     text = annotations.get(USAGE_ANNOTATION)
-    usage: dict[str, Decimal] = {}
+    usage: dict[str, Decimal] | None = None  # not said: not proof of zero usage
     if text is not None:
         try:
             usage = parse_usage(json.loads(str(text)))
@@ -171,27 +174,18 @@ def _count(value: object) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
 
 
-def job_answer(obj: Mapping[str, Any], suspended_by_cancel: bool = False) -> ProviderAnswer:
+def job_answer(obj: Mapping[str, Any]) -> ProviderAnswer:
     """A batch/v1 Job: Complete or SuccessCriteriaMet -> Succeeded; Failed or FailureTarget
-    -> Failed; suspended by the operator's cancel with no pods left -> Cancelled; active
-    (or terminating) pods or a start time -> Running; otherwise (queued, or suspended by
-    someone else) Pending."""
+    -> Failed; active (or terminating) pods or a start time -> Running; otherwise (queued,
+    or suspended) Pending. A suspended Job is never Cancelled, even one the operator
+    suspended to forward a cancel: whoever may write the Job can resume it, and it runs
+    and completes (found by review). Only its own terminal condition is an answer."""
     status = _mapping(obj.get("status"))
     true = _true_conditions(status)
     if true & {"Complete", "SuccessCriteriaMet"}:
         state = ProviderState.SUCCEEDED
     elif true & {"Failed", "FailureTarget"}:
         state = ProviderState.FAILED
-    elif (
-        suspended_by_cancel
-        and "Suspended" in true
-        and _count(status.get("active")) == 0
-        and _count(status.get("terminating")) == 0
-    ):
-        # The operator suspended it to forward a cancel, and no pod of it is left: the
-        # cancellation is confirmed. (A Job suspended otherwise, say created suspended and
-        # queued by Kueue, is only Pending.) What it used is what was reported.
-        state = ProviderState.CANCELLED
     elif (
         _count(status.get("active")) > 0
         or _count(status.get("terminating")) > 0
@@ -254,14 +248,12 @@ def checked_name(name: str, what: str) -> str:
     return name
 
 
-def object_answer(
-    ref: ObjectRef, obj: Mapping[str, Any] | None, suspended_by_cancel: bool = False
-) -> ProviderAnswer:
+def object_answer(ref: ObjectRef, obj: Mapping[str, Any] | None) -> ProviderAnswer:
     """The answer of the object `ref` names (None: it does not exist)."""
     if obj is None:
         return failed(f"{ref.kind} {ref.name} not found")
     if is_job(ref):
-        return job_answer(obj, suspended_by_cancel)
+        return job_answer(obj)
     if is_pod(ref):
         return pod_answer(obj)
     return conditions_answer({**obj, "kind": ref.kind})
@@ -291,7 +283,8 @@ def http_answer(status_code: int, body: bytes, operation_id: str) -> ProviderAns
     if not state.terminal:
         return ProviderAnswer(state=state)
     try:
-        usage = parse_usage(doc.get("usage"))
+        raw_usage = doc.get("usage")
+        usage = None if raw_usage is None else parse_usage(raw_usage)
     except ValueError as error:
         return failed(f"answer's usage is unreadable: {error}")
     result = doc.get("result")
@@ -383,14 +376,8 @@ class ProviderClient:
         await self.http.aclose()
 
     async def look_up(
-        self,
-        namespace: str,
-        spec: BranchClaimSpec,
-        policy: EnvelopePolicy,
-        suspended_by_cancel: bool = False,
+        self, namespace: str, spec: BranchClaimSpec, policy: EnvelopePolicy
     ) -> ProviderAnswer:
-        """`suspended_by_cancel`: the claim's cancel was forwarded by suspending its Job, so
-        a suspended Job with no pods left confirms the cancellation."""
         try:
             adapter = adapter_for(spec, policy)
             ref, endpoint, operation = (
@@ -399,7 +386,7 @@ class ProviderClient:
                 spec.upstream.operation_id,
             )
             if adapter is Adapter.OBJECT and ref is not None:
-                return await self._look_up_object(namespace, ref, suspended_by_cancel)
+                return await self._look_up_object(namespace, ref)
             if adapter is Adapter.HTTP and endpoint is not None and operation:
                 return await self._look_up_http(namespace, endpoint, operation)
             return failed("nothing to look up: no upstream.ref, and no provider endpoint")
@@ -408,9 +395,7 @@ class ProviderClient:
         except Exception as error:  # never raise: a lookup that failed is an answer
             return failed(f"lookup failed: {type(error).__name__}: {error}")
 
-    async def _look_up_object(
-        self, namespace: str, ref: ObjectRef, suspended_by_cancel: bool
-    ) -> ProviderAnswer:
+    async def _look_up_object(self, namespace: str, ref: ObjectRef) -> ProviderAnswer:
         try:
             resource = resource_for(ref)
         except ValueError as error:
@@ -421,7 +406,7 @@ class ProviderClient:
             if error.status.code == 404:
                 return object_answer(ref, None)
             return failed(_api_failure(f"reading {ref.kind} {ref.name}", error))
-        return object_answer(ref, _as_mapping(obj), suspended_by_cancel)
+        return object_answer(ref, _as_mapping(obj))
 
     async def _look_up_http(
         self, namespace: str, endpoint: ProviderEndpoint, operation: str
