@@ -51,6 +51,7 @@ POLICIES = (
     "claim-resourceclaims",
     "placement",
     "status",
+    "metadata",
     "provider-urls",
 )
 MONITORING = {

@@ -241,20 +241,36 @@ async def test_the_operator_holds_nothing_on_refused_hints_and_says_why() -> Non
     placeholder, and the claim's queue reason names the refusal."""
     from reservoir.k8s.devices import DeviceHolder, PlacementAllowList
 
+    from collections.abc import AsyncIterator
+
+    from reservoir.k8s.claim_source import claim_record
+
+    body = {
+        "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"},
+        "spec": {"envelope": "e", "placement": {"tolerations": [{"operator": "Exists"}]}},
+    }
+
     class Recording:
+        """Answers the fresh read of the claim (a LIST by name); records creations."""
+
         def __init__(self) -> None:
             self.created: list[str] = []
+
+        def list(self, *_: object, **__: object) -> AsyncIterator[dict[str, object]]:
+            async def listing() -> AsyncIterator[dict[str, object]]:
+                yield body
+
+            return listing()
 
         async def create(self, obj: object, namespace: str) -> None:
             self.created.append(type(obj).__name__)
 
     client = Recording()
     holder = DeviceHolder(client, "reservoir-placeholder", PlacementAllowList())  # type: ignore[arg-type]
-    body = {
-        "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"},
-        "spec": {"envelope": "e", "placement": {"tolerations": [{"operator": "Exists"}]}},
-    }
-    await holder.sync({"u-1": body}, {"u-1": {"nvidia.com/gpu": 1}}, {}, {})
+    # The writer's record keeps no hints: the allow-list is checked on the fresh read.
+    record = claim_record(body)
+    assert "placement" not in record["spec"]
+    await holder.sync({"u-1": record}, {"u-1": {"nvidia.com/gpu": 1}}, {}, {})
     assert client.created == []
     waiting = holder.facts({}, {})["u-1"].waiting
     assert waiting is not None and waiting.startswith(
@@ -262,5 +278,5 @@ async def test_the_operator_holds_nothing_on_refused_hints_and_says_why() -> Non
     )
     # Without an allow-list (a local run without the chart) the hints are copied.
     open_holder = DeviceHolder(client, "reservoir-placeholder")  # type: ignore[arg-type]
-    await open_holder.sync({"u-1": body}, {"u-1": {"nvidia.com/gpu": 1}}, {}, {})
+    await open_holder.sync({"u-1": record}, {"u-1": {"nvidia.com/gpu": 1}}, {}, {})
     assert client.created == ["ResourceClaim", "Pod"]
