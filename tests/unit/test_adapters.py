@@ -239,11 +239,10 @@ async def test_the_operator_holds_nothing_on_refused_hints_and_says_why() -> Non
     """Issue 21: hints are copied onto a priority-1,000,000 pod; with an allow-list (the
     chart's --restrict-placement) refused ones create neither the ResourceClaim nor the
     placeholder, and the claim's queue reason names the refusal."""
-    from reservoir.k8s.devices import DeviceHolder, PlacementAllowList
-
     from collections.abc import AsyncIterator
 
     from reservoir.k8s.claim_source import claim_record
+    from reservoir.k8s.devices import DeviceHolder, PlacementAllowList
 
     body = {
         "metadata": {"name": "c", "namespace": "ns", "uid": "u-1"},
