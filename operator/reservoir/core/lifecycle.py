@@ -41,6 +41,7 @@ from reservoir.core.devices import DeviceFacts
 from reservoir.core.ledger import ZERO, add, positive, render, subtract
 from reservoir.core.ledgersize import cut_bytes
 from reservoir.core.model import (
+    DEVICE_CLASSES,
     MAX_ERROR_LENGTH,
     MAX_RESULT_LENGTH,
     MAX_TRANSITIONS,
@@ -224,7 +225,10 @@ def settle(
     if entry.result is None and spec.result is not None:
         entry.result = spec.result
     window = spec.retry_window_seconds
-    returned = positive(entry.released)
+    # Devices are held by their allocation, not by the ledger: they stay counted until the
+    # scheduler confirms the release (ledger.devices_in_use), and a next attempt gets its
+    # own allocation; kept for a retry too, they were counted twice (found by review).
+    returned = {k: v for k, v in positive(entry.released).items() if k not in DEVICE_CLASSES}
     if outcome is Outcome.FAILED and window is not None and returned:
         # A failed attempt keeps what it did not use for the branch's next attempt.
         entry.retry = RetryHold(resources=returned, until=step.now + timedelta(seconds=window))
@@ -465,6 +469,13 @@ def expire_lease(step: Step) -> None:
             trigger=Trigger.CLOCK,
         )
     elif entry.phase is ClaimPhase.TENTATIVE:
+        pod = step.facts.pod
+        if pod is not None and pod.may_still_start:
+            # A workload pod that may still bind and start: the lapse cannot confirm that
+            # the branch never runs, as a cancel cannot (advance_tentative); R stays held
+            # until the pod runs (a commit) or goes (found by review: the lapse returned R,
+            # and the pod then ran on it).
+            return
         settle(
             step,
             ClaimPhase.EXPIRED,
@@ -498,7 +509,19 @@ def gate_never_lifted(entry: LedgerEntry, facts: ClaimFacts) -> bool:
     if entry.handed_off_to not in pod.gated_uids or pod.scheduled or pod.running:
         return False
     ran = entry.started_at is not None or bool(positive(entry.usage))
-    return not ran and not may_have_run(facts)
+    # A provider that says the work started or ended (this pass's answer or a recorded
+    # one) says it ran, whatever the pod shows (found by review: an answer in the pass of
+    # the lapse was read after the lapse had settled the claim as never run).
+    answer = facts.provider
+    said = {entry.provider.state} if entry.provider is not None else set()
+    if answer is not None and answer.error is None:
+        said.add(answer.state)
+    return not ran and not may_have_run(facts) and not said & PROVIDER_SAYS_IT_STARTED
+
+
+PROVIDER_SAYS_IT_STARTED = frozenset(
+    {ProviderState.RUNNING, ProviderState.SUCCEEDED, ProviderState.FAILED, ProviderState.CANCELLED}
+)
 
 
 def never_ran(entry: LedgerEntry) -> bool:

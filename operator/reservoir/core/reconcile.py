@@ -114,6 +114,9 @@ from reservoir.core.text import MESSAGE_LENGTH, bounded
 UNADMITTED_ENTRIES_ROOM = MAX_LEDGER_ENTRIES // 2
 
 
+UNRECORDED = "(not recorded)"  # an earlier envelope's UID a claim's status does not hold
+
+
 @dataclass(frozen=True)
 class EnvelopeFacts:
     spec: ReservationEnvelopeSpec
@@ -254,10 +257,20 @@ def reconcile(
     result.envelope_uid = envelope.uid
     for claim in claims:
         bound = claim.envelope_uid
+        if (
+            bound is None
+            and claim.settled_record is not None
+            and claim.created_at < envelope.created_at
+        ):
+            # Settled with no binding recorded (a status written before the binding
+            # existed): a claim created before this envelope was decided on by another
+            # (creation times are the API server's and never change; found by review).
+            bound = UNRECORDED
         if envelope.uid and bound and bound != envelope.uid and claim.uid not in ledger.entries:
             del facts_by_uid[claim.uid]
+            earlier = f"with UID {bound}" if bound != UNRECORDED else "created before it"
             result.replaced[claim.uid] = (
-                f"decided on by envelope {envelope.name} with UID {bound}, since deleted: "
+                f"decided on by an earlier envelope {envelope.name} ({earlier}), since deleted: "
                 f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
             )
     committed = dict(ledger.totals.committed)
