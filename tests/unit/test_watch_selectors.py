@@ -56,3 +56,15 @@ def test_a_placeholder_pod_carries_the_label_the_pods_watch_selects() -> None:
     pod = placeholder_spec(claim, None)
     assert pod["metadata"]["labels"][CLAIM_LABEL] == "c1"
     assert WATCH_LABEL_SELECTORS["", "v1", "pods"] == CLAIM_LABEL
+
+
+def test_a_placeholder_pod_opts_out_of_mesh_sidecars() -> None:
+    """An injected sidecar would make the chart's placeholder policy refuse the pod (found
+    by review: no GPU claim could be held in a mesh-injected namespace)."""
+    claim = {
+        "metadata": {"name": "c1", "namespace": "t", "uid": "u-1"},
+        "spec": {"envelope": "wf", "requests": {"nvidia.com/gpu": "1"}},
+    }
+    annotations = placeholder_spec(claim, None)["metadata"]["annotations"]
+    assert annotations["sidecar.istio.io/inject"] == "false"
+    assert annotations["linkerd.io/inject"] == "disabled"

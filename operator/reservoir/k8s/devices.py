@@ -111,6 +111,9 @@ def device_selector(resource: str, attributes: Mapping[str, str]) -> str:
     return " && ".join(terms)
 
 
+NO_SIDECAR = {"sidecar.istio.io/inject": "false", "linkerd.io/inject": "disabled"}
+
+
 def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> dict[str, Any]:
     """A pod that does nothing but hold the ResourceClaim's devices on their node: pause
     image, a token CPU request, the claim's placement hints, never owned by a Job."""
@@ -119,6 +122,10 @@ def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> di
     meta = _meta(claim, placeholder_name(uid))
     label = claim["metadata"]["name"][:63].rstrip("-_.") or "claim"
     meta["labels"][PLACEHOLDER_LABEL] = meta["labels"][CLAIM_LABEL] = label
+    # A mesh's injector would add containers and volumes, which the chart's policy refuses
+    # on a placeholder (found by review: no GPU claim could be held in an injected
+    # namespace); it holds devices and never talks to anything.
+    meta.setdefault("annotations", {}).update(NO_SIDECAR)
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,
@@ -273,13 +280,19 @@ class DeviceHolder:
     async def observe(
         self, namespace: str, envelope: str
     ) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
-        """The envelope's ResourceClaims and placeholder pods, by claim UID."""
+        """The envelope's ResourceClaims and placeholder pods, by claim UID: only those of
+        the operator's own names (`reservoir-<uid>`, `reservoir-hold-<uid>`, which the
+        admission policies let nobody else create). The labels select them on the API
+        server, but a tenant may put them on a decoy: one taken for the real ResourceClaim
+        made the devices look released while a pod still used them (found by review)."""
         selector: dict[str, Any] = {ENVELOPE_LABEL: envelope, CLAIM_UID_LABEL: None}
         claims: dict[str, dict[str, Any]] = {}
         try:
             async for rc in self.client.list(ResourceClaim, namespace=namespace, labels=selector):
                 body = read.as_dict(rc)
-                claims[body["metadata"]["labels"][CLAIM_UID_LABEL]] = body
+                uid = body["metadata"]["labels"][CLAIM_UID_LABEL]
+                if body["metadata"].get("name") == resource_claim_name(uid):
+                    claims[uid] = body
         except ApiError as error:
             if error.status.code != 404:
                 raise
@@ -290,7 +303,9 @@ class DeviceHolder:
             Pod, namespace=namespace, labels={**selector, PLACEHOLDER_LABEL: None}
         ):
             body = pod.to_dict()
-            pods[body["metadata"]["labels"][CLAIM_UID_LABEL]] = body
+            uid = body["metadata"]["labels"][CLAIM_UID_LABEL]
+            if body["metadata"].get("name") == placeholder_name(uid):
+                pods[uid] = body
         return claims, pods
 
     async def sync(
