@@ -47,6 +47,7 @@ POLICIES = (
     "operator-jobs",
     "operator-resourceclaims",
     "placeholder-priority",
+    "placeholder-pods",
     "claim-devices",
     "claim-resourceclaims",
     "placement",
@@ -712,3 +713,24 @@ def test_the_admission_policies_bind_the_operator_and_keep_its_own_from_others()
     # No exempt group: nobody but the operator passes.
     strict = policies(render({"admissionPolicy.exemptGroups": []}))
     assert "system:masters" not in rules_text(strict["status"])
+
+
+def test_a_namespaced_release_guards_the_placeholder_class_everywhere_and_no_pool() -> None:
+    """Found by review: bound to its namespaces, the placeholder PriorityClass (cluster-wide)
+    was open in every other namespace; and the status policy, on cluster-scoped pools,
+    refused another release's operator its own pools."""
+    docs = render({"watchNamespaces": ["team-a"]})
+    bindings = {
+        d["spec"]["policyName"]: d["spec"]
+        for d in docs
+        if d["kind"] == "ValidatingAdmissionPolicyBinding"
+    }
+    for name in ("rel-reservoir-placeholder-priority", "rel-reservoir-placeholder-pods"):
+        assert "matchResources" not in bindings[name], name
+    assert "matchResources" in bindings["rel-reservoir-claim-devices"]
+    status = next(d for d in docs if d["metadata"]["name"] == "rel-reservoir-status")
+    [rule] = status["spec"]["matchConstraints"]["resourceRules"]
+    assert "reservationpools/status" not in rule["resources"]
+    cluster_wide = next(d for d in render({}) if d["metadata"]["name"] == "rel-reservoir-status")
+    [rule] = cluster_wide["spec"]["matchConstraints"]["resourceRules"]
+    assert "reservationpools/status" in rule["resources"]
