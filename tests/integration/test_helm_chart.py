@@ -125,6 +125,7 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--all-namespaces",
         "--peering=rel-reservoir",
         "--metrics-port=8080",
+        "--metrics-auth=kubernetes",
         "--placeholder-priority-class=reservoir-placeholder",
         "--transition-events=settlements",
         "--restrict-placement",
@@ -135,6 +136,10 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--allowed-node-label-key=node.kubernetes.io/instance-type",
         "--allowed-node-label-key=nvidia.com/gpu.product",
         "--liveness=http://0.0.0.0:8081/healthz",
+        "--provider-max-in-flight=32",
+        "--provider-max-in-flight-per-namespace=4",
+        "--provider-calls-per-second-per-namespace=2",
+        "--provider-burst-per-namespace=10",
     ]
     assert pod["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
     peering = next(d for d in docs if d["kind"] == "ClusterKopfPeering")

@@ -134,7 +134,7 @@ def play_hostile_tenant(me: Path, ns: str, prefix: str, loopback_port: int) -> N
     refused(me, "must have at most 16 items", "create", "-f", "-", input=big)
     # ... and through its metadata, which no CRD schema bounds: a policy counts it.
     labelled = json.loads(claim_text(ns, "labelled"))
-    labelled["metadata"]["labels"] = {f"k{i}": "v" * 63 for i in range(12_000)}
+    labelled["metadata"]["labels"] = {f"k{i}": "v" * 63 for i in range(14_000)}
     assert len(json.dumps(labelled)) > 1_000_000
     refused(me, "metadata is bounded", "create", "-f", "-", input=json.dumps(labelled))
     # Provider URLs to loopback and to the metadata address: refused at apply.
