@@ -191,18 +191,12 @@ def play_hostile_tenant(me: Path, ns: str, prefix: str, loopback_port: int) -> N
 def start_operator(
     cluster: ClusterHandle, platform: Installed, op: Path, log: str
 ) -> OperatorProcess:
+    """Cluster-wide with the release's token and the chart's allow-list. Standalone (no
+    peering): a kill -9'd peer stays in kopf's peering until its entry expires, which is
+    kopf's business and not this test's (test_admission_policies runs it peered)."""
     LOGS.mkdir(parents=True, exist_ok=True)
     path = LOGS / f"{log}-{uuid.uuid4().hex[:4]}.log"
-    return OperatorProcess(
-        cluster,
-        None,
-        path,
-        "--peering",
-        f"{platform.release}-reservoir",
-        "--provider-allow",
-        PROVIDER_HOST,
-        kubeconfig=op,
-    )
+    return OperatorProcess(cluster, None, path, "--provider-allow", PROVIDER_HOST, kubeconfig=op)
 
 
 def set_aside(cluster: ClusterHandle, ns: str, name: str) -> bool:
