@@ -10,7 +10,9 @@ workflow (a new envelope) every minute:
 
 Every label value a tenant chooses (namespace, envelope, workflow class, resource name) is
 bounded, whatever tenants create: each counter and histogram keeps at most
-`MAX_SERIES_PER_METRIC` label sets, and later ones count under `_other` for those labels;
+`MAX_SERIES_PER_METRIC` label sets, and at most `MAX_SERIES_PER_NAMESPACE` of one
+namespace (past that, its new ones count with `_other` for its other tenant-chosen
+labels), and later ones count under `_other` for those labels;
 the per-envelope gauges show at most `MAX_ENVELOPES` envelopes (those seen first; one
 that goes frees its place) and `MAX_RESOURCES_PER_ENVELOPE` resources of each, the rest
 summed into `namespace="_other", envelope="_other"` and `resource="_other"` series
@@ -42,13 +44,16 @@ OTHER = "_other"
 # Labels whose values tenants choose: bounded (see the module's docstring).
 TENANT_LABELS = frozenset({"namespace", "envelope", "class", "resource"})
 MAX_SERIES_PER_METRIC = 1000
+MAX_SERIES_PER_NAMESPACE = 100
 MAX_ENVELOPES = 500
 MAX_RESOURCES_PER_ENVELOPE = 16
 
 
 class _BoundedLabels:
-    """A metric whose label sets stop growing at MAX_SERIES_PER_METRIC: past it, a new
-    label set is counted with its tenant-chosen labels as `_other`."""
+    """A metric whose label sets stop growing at MAX_SERIES_PER_METRIC, and those of one
+    namespace at MAX_SERIES_PER_NAMESPACE: past its share, a namespace's new label sets
+    count with its other tenant-chosen labels as `_other` (one tenant cannot crowd the
+    others out: found by review); past the metric's cap, with all of them as `_other`."""
 
     _labelnames: tuple[str, ...]
 
@@ -59,16 +64,27 @@ class _BoundedLabels:
         with _series_lock:
             seen = _series.setdefault(id(self), set())
             if key not in seen:
+                namespace = dict(zip(self._labelnames, key, strict=True)).get("namespace")
+                share = _shares.setdefault(id(self), {})
                 if len(seen) >= MAX_SERIES_PER_METRIC:
-                    key = tuple(
-                        OTHER if name in TENANT_LABELS else value
-                        for name, value in zip(self._labelnames, key, strict=True)
-                    )
-                seen.add(key)
+                    key = self._other(key, keep=frozenset())
+                elif namespace is not None and share.get(namespace, 0) >= MAX_SERIES_PER_NAMESPACE:
+                    key = self._other(key, keep=frozenset({"namespace"}))
+                if key not in seen:
+                    seen.add(key)
+                    if namespace is not None:
+                        share[namespace] = share.get(namespace, 0) + 1
         return super().labels(*key)  # type: ignore[misc]
+
+    def _other(self, key: tuple[str, ...], keep: frozenset[str]) -> tuple[str, ...]:
+        return tuple(
+            OTHER if name in TENANT_LABELS and name not in keep else value
+            for name, value in zip(self._labelnames, key, strict=True)
+        )
 
 
 _series: dict[int, set[tuple[str, ...]]] = {}
+_shares: dict[int, dict[str, int]] = {}  # metric -> namespace -> label sets it holds
 _series_lock = threading.Lock()
 
 

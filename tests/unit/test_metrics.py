@@ -196,3 +196,25 @@ def test_an_envelope_with_many_resource_names_shows_the_first_and_sums_the_rest(
     assert len(capacity) == metrics.MAX_RESOURCES_PER_ENVELOPE
     assert capacity["_other"] == 40 - (metrics.MAX_RESOURCES_PER_ENVELOPE - 1)
     assert sum(capacity.values()) == 40
+
+
+def test_one_namespace_cannot_crowd_the_others_out_of_a_metric(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Found by review: the cap was first come, first served, so one tenant with many
+    workflow classes pushed every other namespace's new series into `_other`."""
+    monkeypatch.setattr(metrics, "MAX_SERIES_PER_METRIC", 10)
+    monkeypatch.setattr(metrics, "MAX_SERIES_PER_NAMESPACE", 3)
+    counter = metrics.BoundedCounter("unit_shared_total", "test", ["namespace", "class"])
+    for n in range(50):
+        counter.labels("evil", f"c{n}").inc()
+    counter.labels("team-b", "batch").inc()
+    found = {
+        (s.labels["namespace"], s.labels["class"]): s.value
+        for family in counter.collect()
+        for s in family.samples
+        if s.name == "unit_shared_total"
+    }
+    assert found[("team-b", "batch")] == 1
+    assert found[("evil", "_other")] == 47  # its own share spent, its name kept
+    assert sum(1 for ns, _ in found if ns == "evil") == 4
