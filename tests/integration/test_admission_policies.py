@@ -600,5 +600,11 @@ def test_the_operator_holds_hands_off_and_settles_a_gpu_claim_under_the_policies
     finally:
         operator.stop()
     text = log.read_text()
-    refusals = [line for line in text.splitlines() if "denied request" in line or " 403" in line]
+    # (A cluster-wide operator also serves earlier tests' namespaces; an Event posted into
+    # one being deleted is refused by the namespace lifecycle, not by a policy.)
+    refusals = [
+        line
+        for line in text.splitlines()
+        if ("denied request" in line or " 403" in line) and "is being terminated" not in line
+    ]
     assert not refusals, f"the operator was refused ({log}):\n" + "\n".join(refusals[:5])
