@@ -856,11 +856,16 @@ def test_a_sibling_lends_above_its_floor_and_is_repaid_as_the_borrowers_claims_s
     wait_envelope_phase(cluster, ns, "borrower", "Closed")
 
     def settled_loan() -> Any:
+        """Settled, or its line already let go: a settled loan's line goes once its
+        borrower is closed (issue 21 #7: settled lines took up the lender's loan slots)."""
         found = sdk.ledger("lender").status.loans.get(borrower_uid)
-        return found if found is not None and found.phase.value == "Settled" else None
+        if found is None:
+            return "gone"
+        return found if found.phase.value == "Settled" else None
 
     loan = wait_for("the loan to settle", settled_loan)
-    assert loan.repaid == {"tokens": Decimal(13)} and loan.consumed == {"tokens": Decimal(2)}
+    if loan != "gone":
+        assert loan.repaid == {"tokens": Decimal(13)} and loan.consumed == {"tokens": Decimal(2)}
     settled_ledger(sdk, "lender", committed="2", available="48")
     for name in ("lender", "other"):
         close(cluster, ns, name)
