@@ -23,6 +23,7 @@ from lightkube.types import PatchType
 
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.model import API_GROUP, API_VERSION, DEVICE_CLASSES
+from reservoir.core.text import bounded
 from reservoir.k8s import facts as read
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
@@ -343,7 +344,8 @@ class DeviceHolder:
                 try:
                     claim = await self._read_claim(claim)
                 except ApiError as error:  # shown as the claim's queue reason; next pass
-                    self.problems[uid] = f"cannot read the claim: {error.status.message}"[:512]
+                    unread = f"cannot read the claim: {error.status.message}"
+                    self.problems[uid] = bounded(unread, 512)
                     continue
                 if claim is None or claim["metadata"].get("deletionTimestamp"):
                     continue
@@ -383,7 +385,7 @@ class DeviceHolder:
         problem = self.placement.problem(hints)
         if problem is None:
             return None
-        return f"spec.placement refused by the administrator's allow-list: {problem}"[:512]
+        return bounded(f"spec.placement refused by the administrator's allow-list: {problem}", 512)
 
     async def _read_claim(self, record: Mapping[str, Any]) -> dict[str, Any] | None:
         """The claim of `record`, read fresh; None if it is gone or another claim now."""

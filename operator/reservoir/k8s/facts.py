@@ -27,6 +27,7 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
 )
 from reservoir.core.reconcile import EnvelopeFacts
+from reservoir.core.text import bounded
 from reservoir.k8s.resources import (
     FORCE_SETTLE_ANNOTATION,
     FORCE_SETTLE_GONE_ANNOTATION,
@@ -234,7 +235,7 @@ def claim_facts(
     annotations = meta.get("annotations") or {}
     hints = claim.get(PLACEMENT_PROBLEM)
     if hints:
-        problem = f"{problem}; {hints}"[:900] if problem else hints
+        problem = bounded(f"{problem}; {hints}", 900) if problem else hints
     status = claim_status(claim)
     return ClaimFacts(
         uid=meta["uid"],
