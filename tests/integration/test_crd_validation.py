@@ -377,7 +377,7 @@ def test_a_claim_nesting_2000_levels_deep_is_refused_and_never_stored(
 
 
 def test_a_megabyte_claim_is_refused(cluster: ClusterHandle, ns: str) -> None:
-    """Every list, map and string is bounded: no spec reaches a megabyte (at most 175,636
+    """Every list, map and string is bounded: no spec reaches a megabyte (at most 229,143
     bytes, reservoir.core.scheduling), however it is filled."""
     term = {
         "matchExpressions": [

@@ -14,6 +14,7 @@ from reservoir import crdgen
 from reservoir.core import scheduling
 from reservoir.core.model import (
     API_VERSION_PATTERN,
+    COMPENSATION_KEY,
     DEVICE_ATTRIBUTE_VALUE,
     KIND_NAME,
     NAMESPACE_NAME,
@@ -221,6 +222,7 @@ OTHER_GRAMMARS = {
     "upstream.ref.kind": KIND_NAME,
     ".spec.envelope": OBJECT_NAME,
     ".spec.parent": OBJECT_NAME,
+    "compensations[].key": COMPENSATION_KEY,
 }
 # The core/v1 scheduling types of a claim's placement hints (reservoir.core.scheduling).
 SCHEDULING_GRAMMARS = {LABEL_KEY, LABEL_VALUE, scheduling.NAMESPACE_NAME, NODE_NAME}
@@ -246,6 +248,9 @@ def test_every_quantity_in_the_crds_is_the_parsers_grammar_with_its_bound() -> N
                 continue
             if path.endswith("spec.namespaces[]"):  # and a pool's namespace names
                 assert node["pattern"] == NAMESPACE_NAME
+                continue
+            if path.endswith(".status.windows.*[].amount"):  # a window slice's one amount
+                assert node["pattern"] == QUANTITY_PATTERN, f"{kind} {path}"
                 continue
             other = [g for suffix, g in OTHER_GRAMMARS.items() if path.endswith(suffix)]
             if other:  # URLs, idempotency keys and kinds

@@ -49,7 +49,7 @@ API_VERSION = "v1alpha1"
 # budget. A full ledger at MAX_LEDGER_ENTRIES stays far below etcd's ~1.5 MiB object cap
 # (measured by tests/unit/test_ledger_size.py). Every list, map and string of every spec
 # and status is bounded (no schemaless field): a spec at every bound is at most
-# SPEC_WORST_CASE_BYTES, 180,000 (a claim's, with its placement hints: 175,636), computed
+# SPEC_WORST_CASE_BYTES, 240,000 (a claim's, with placement hints and compensations: 229,143), computed
 # from the generated schema by tests/unit/test_crds.py.
 MAX_RESOURCES = 16
 MAX_LEDGER_ENTRIES = 512
@@ -327,6 +327,55 @@ class PhysicalHold(StrEnum):
     COMMIT = "Commit"
 
 
+class ContractType(StrEnum):
+    """How a resource comes back (README "Resource contracts"; lease-renewal.txt: capacity
+    reservations, concurrency permits and financial holds are different contracts)."""
+
+    REUSABLE = "Reusable"  # devices, permits, slots: all of R returns when a claim ends
+    CONSUMABLE = "Consumable"  # tokens, money: C is committed, R − C returns, once
+    REPLENISHING = "Replenishing"  # rate limits: C is committed and returns a window later
+
+
+# Resources that are Reusable when nothing is declared: every device resource, and the
+# concurrency permit. Anything else is Consumable by default.
+DEFAULT_REUSABLE = frozenset({*DEVICE_CLASSES, "concurrency"})
+# A Replenishing resource's window is kept in this many slices: a consumption returns
+# between one window and one window plus a slice after it was committed, never earlier
+# (see reservoir.core.windows).
+WINDOW_SLICES = 12
+MAX_WINDOW_SECONDS = 7 * 24 * 3600
+
+
+class Contract(Model):
+    """The contract one resource of a budget keeps."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.windowSeconds) == (self.type == 'Replenishing')",
+                    "message": "windowSeconds is set for a Replenishing resource, and only for one",
+                }
+            ]
+        }
+    )
+
+    type: ContractType = Field(
+        description="Reusable (all of R returns when a claim ends: devices, concurrency "
+        "permits, slots), Consumable (the usage C is committed and R − C returns: tokens, "
+        "cost) or Replenishing (C is committed and returns once its window has passed: a "
+        "provider's requests or tokens per minute)."
+    )
+    window_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_WINDOW_SECONDS,
+        description="Replenishing only: the provider's window. What a claim consumed comes "
+        "back one window after its settlement (a sliding window, kept in "
+        f"{WINDOW_SLICES} slices: never early, at most one slice late).",
+    )
+
+
 # --- ReservationEnvelope ----------------------------------------------------------------
 
 
@@ -511,6 +560,40 @@ class EnvelopePolicy(Model):
     )
 
 
+def contracts_field(owner: str) -> Any:
+    return Field(
+        default_factory=dict,
+        description=f"The contract each resource of the {owner} keeps, by resource name. A "
+        "resource not named is Reusable if it is a device resource ("
+        + ", ".join(sorted(DEVICE_CLASSES))
+        + ") or 'concurrency', else Consumable. A device resource is always Reusable. "
+        "Fixed at creation: status.contracts shows every resource's.",
+        json_schema_extra={
+            "maxProperties": MAX_RESOURCES,
+            "default": {},
+            "x-kubernetes-validations": [
+                RESOURCE_NAME_RULE,
+                {"rule": "self == oldSelf", "message": "contracts are fixed at creation"},
+                {
+                    "rule": " && ".join(
+                        f"(!('{name}' in self) || self['{name}'].type == 'Reusable')"
+                        for name in sorted(DEVICE_CLASSES)
+                    ),
+                    "message": "a device resource ("
+                    + ", ".join(sorted(DEVICE_CLASSES))
+                    + ") is Reusable: its devices come back when a claim ends",
+                },
+            ],
+        },
+    )
+
+
+CONTRACTS_NAME_CAPACITY: JsonDict = {
+    "rule": "self.contracts.all(k, k in self.capacity)",
+    "message": "contracts name resources of the capacity",
+}
+
+
 CAPACITY_RULES: tuple[JsonDict, ...] = (
     {
         "rule": "oldSelf.all(k, k in self && "
@@ -525,6 +608,7 @@ CAPACITY_RULES: tuple[JsonDict, ...] = (
 )
 
 ENVELOPE_SPEC_RULES: list[JsonValue] = [
+    CONTRACTS_NAME_CAPACITY,
     {
         "rule": "has(self.parent) == has(oldSelf.parent) && "
         "(!has(self.parent) || self.parent == oldSelf.parent)",
@@ -550,6 +634,7 @@ class ReservationEnvelopeSpec(Model):
         *CAPACITY_RULES,
         required=True,
     )
+    contracts: dict[str, Contract] = contracts_field("envelope")
     state: EnvelopeState = Field(
         default=EnvelopeState.OPEN,
         description="Open admits claims. Closed admits none; the remaining balance is "
@@ -723,6 +808,76 @@ class RetryHold(Model):
         return self.taken_by is None and not self.returned
 
 
+MAX_COMPENSATIONS = 8
+COMPENSATION_KEY = "^[A-Za-z0-9][-A-Za-z0-9_.:]{0,62}$"
+
+
+class Compensation(Model):
+    """A business reversal or follow-up charge after settlement (client-disconnect.txt: the
+    `compensated` outcome), asked on the claim's spec and applied once by its key."""
+
+    key: str = Field(
+        max_length=63,
+        pattern=COMPENSATION_KEY,
+        description="Idempotency key: a compensation is applied once per key, however often "
+        "it is sent.",
+    )
+    charge: ResourceMap = resource_map(
+        "Charged to the envelope on top of the settlement (a follow-up charge), per "
+        "Consumable resource."
+    )
+    refund: ResourceMap = resource_map(
+        "Given back to the envelope (a reversal, or the void of an external authorization), "
+        "per Consumable resource: at most what the claim was charged."
+    )
+    reason: str = Field(
+        min_length=1, max_length=256, description="Why, for the record (a person's words)."
+    )
+    reference: str | None = Field(
+        default=None,
+        max_length=MAX_RESULT_LENGTH,
+        description="The business record it follows: an invoice, a refund, an authorization.",
+    )
+
+
+class CompensationRecord(Model):
+    """A compensation as the ledger applied it (or only recorded it): written once."""
+
+    key: str = Field(max_length=63, description="The compensation's key.")
+    charged: ResourceMap = recorded_map("What it charged to the envelope.")
+    refunded: ResourceMap = recorded_map("What it gave back to the envelope.")
+    applied: bool = Field(
+        description="False: recorded only (the envelope had closed, or nothing it asked "
+        "could move)."
+    )
+    reason: str = Field(max_length=256, description="Why, as asked.")
+    reference: str | None = Field(
+        default=None, max_length=MAX_RESULT_LENGTH, description="Its business reference."
+    )
+    note: str | None = Field(
+        default=None,
+        max_length=MESSAGE_LENGTH,
+        description="What was not applied of what it asked, and why.",
+    )
+    at: datetime = Field(description="When (operator clock, UTC).")
+
+
+def compensations_field() -> Any:
+    return Field(
+        default_factory=list,
+        description="Compensations applied (or recorded) after settlement, oldest first.",
+        json_schema_extra={"maxItems": MAX_COMPENSATIONS},
+    )
+
+
+class WindowSlice(Model):
+    """What a Replenishing resource committed in one slice of its window, until it returns."""
+
+    start: datetime = Field(description="The slice's start (operator clock, UTC).")
+    returns_at: datetime = Field(description="When it returns to the budget.")
+    amount: Quantity = Field(description="Committed in this slice.")
+
+
 class DeviceHold(Model):
     """Devices the scheduler allocated to a claim (through its ResourceClaim), recorded
     when the claim was admitted on them."""
@@ -811,6 +966,11 @@ class LedgerEntry(Model):
     retry: RetryHold | None = Field(
         default=None, description="What a failed attempt keeps for the branch's next attempt."
     )
+    occupancy: ResourceMap = recorded_map(
+        "Reusable resources: R times the seconds it was held (device-seconds, "
+        "permit-seconds), recorded at settlement, for right-sizing. Never charged."
+    )
+    compensations: list[CompensationRecord] = compensations_field()
 
 
 class ResourceTotals(Model):
@@ -841,6 +1001,11 @@ class EnvelopeSummary(Model):
         default="", max_length=SUMMARY_LENGTH, description="Committed, per resource."
     )
     live: int = Field(default=0, ge=0, description="Claims holding capacity now.")
+    contracts: str = Field(
+        default="",
+        max_length=SUMMARY_LENGTH,
+        description="Each resource's contract, e.g. 'nvidia.com/gpu=Reusable tokens=Consumable'.",
+    )
 
 
 class ChildEntry(Model):
@@ -986,6 +1151,22 @@ class ReservationEnvelopeStatus(Model):
     )
     wants: BorrowRequest | None = Field(
         default=None, description="What its queue is short of, for siblings that lend."
+    )
+    contracts: dict[str, ContractType] = Field(
+        default_factory=dict,
+        description="Every resource's contract, declared or by default: Reusable, Consumable "
+        "or Replenishing.",
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+    windows: dict[str, Annotated[list[WindowSlice], Field(max_length=WINDOW_SLICES + 1)]] = Field(
+        default_factory=dict,
+        description="Replenishing resources: what is committed in each slice of the window, "
+        "until it returns. Their committed total is the sum of these slices.",
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+    peak: ResourceMap = recorded_map(
+        "Reusable and Replenishing resources: the most ever in use at once (held, plus "
+        "committed in the window), against capacity for right-sizing."
     )
     balance_released: ResourceMap = recorded_map(
         "The balance released when the envelope closed or expired: to its parent or pool "
@@ -1340,6 +1521,28 @@ class BranchClaimSpec(Model):
         "after settlement, so a client that reconnects finds the outcome by the claim's "
         "name. Set once.",
     )
+    compensations: list[Compensation] = Field(
+        default_factory=list,
+        description="Reversals and follow-up charges after settlement "
+        "(`kubectl reservoir compensate`). Append-only: each is applied once, by its key, "
+        "once the claim has settled and while its envelope is open; later ones are recorded "
+        "only.",
+        json_schema_extra={
+            "maxItems": MAX_COMPENSATIONS,
+            "default": [],
+            "x-kubernetes-validations": [
+                {
+                    "rule": "size(self) >= size(oldSelf) && oldSelf.all(o, self.exists(n, n == o))",
+                    "message": "compensations are append-only: one sent is never changed or "
+                    "removed (send a new one with its own key)",
+                },
+                {
+                    "rule": "self.all(a, self.exists_one(b, b.key == a.key))",
+                    "message": "each compensation has its own key",
+                },
+            ],
+        },
+    )
     retry_window_seconds: int | None = Field(
         default=None,
         ge=1,
@@ -1413,6 +1616,10 @@ class BranchClaimStatus(Model):
     retry: RetryHold | None = Field(
         default=None, description="What this failed attempt keeps for the next attempt."
     )
+    occupancy: ResourceMap = recorded_map(
+        "Reusable resources: R times the seconds held, recorded at settlement."
+    )
+    compensations: list[CompensationRecord] = compensations_field()
     queue_reason: str | None = Field(
         default=None, max_length=MESSAGE_LENGTH, description="Why the claim is still Pending."
     )
@@ -1439,6 +1646,10 @@ NAMESPACE_NAME = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 class ReservationPoolSpec(Model):
     """A tenant's quota: what the root envelopes of its namespaces may hold in total."""
 
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": [CONTRACTS_NAME_CAPACITY]}
+    )
+
     capacity: ResourceMap = resource_map(
         "The tenant's budget, per resource. Every root envelope of the pool's namespaces is "
         "admitted from it like a claim, and returns its balance here when it closes. May "
@@ -1446,6 +1657,7 @@ class ReservationPoolSpec(Model):
         *CAPACITY_RULES,
         required=True,
     )
+    contracts: dict[str, Contract] = contracts_field("pool")
     namespaces: list[Annotated[str, Field(max_length=63, pattern=NAMESPACE_NAME)]] = Field(
         min_length=1,
         max_length=MAX_POOL_NAMESPACES,
@@ -1472,6 +1684,22 @@ class ReservationPoolStatus(Model):
         default_factory=ResourceTotals,
         description="For every resource: committed + reserved + reconciling + available == "
         "capacity. Reserved is held by open envelopes; committed is what closed ones used.",
+    )
+    contracts: dict[str, ContractType] = Field(
+        default_factory=dict,
+        description="Every resource's contract, declared or by default: Reusable, Consumable "
+        "or Replenishing.",
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+    windows: dict[str, Annotated[list[WindowSlice], Field(max_length=WINDOW_SLICES + 1)]] = Field(
+        default_factory=dict,
+        description="Replenishing resources: what is committed in each slice of the window, "
+        "until it returns. Their committed total is the sum of these slices.",
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+    peak: ResourceMap = recorded_map(
+        "Reusable and Replenishing resources: the most ever in use at once (held, plus "
+        "committed in the window), against capacity for right-sizing."
     )
     children: dict[str, ChildEntry] = Field(
         default_factory=dict,
