@@ -49,8 +49,8 @@ API_VERSION = "v1alpha1"
 # budget. A full ledger at MAX_LEDGER_ENTRIES stays far below etcd's ~1.5 MiB object cap
 # (measured by tests/unit/test_ledger_size.py). Every list, map and string of every spec
 # and status is bounded (no schemaless field): a spec at every bound is at most
-# SPEC_WORST_CASE_BYTES, 240,000 (a claim's, with placement hints and compensations: 229,143), computed
-# from the generated schema by tests/unit/test_crds.py.
+# SPEC_WORST_CASE_BYTES, 240,000 (a claim's, with placement hints and compensations:
+# 229,143), computed from the generated schema by tests/unit/test_crds.py.
 MAX_RESOURCES = 16
 MAX_LEDGER_ENTRIES = 512
 MAX_ACTIVE_CLAIMS_LIMIT = 256
