@@ -78,6 +78,7 @@ def claim_status(
         history=entry.history,
         adjustment=entry.adjustment,
         retry=entry.retry,
+        compensations=entry.compensations,
         # Bound once to the envelope that decided on it (issue 21 #3).
         envelope_uid=previous.envelope_uid or envelope_uid or None,
         conditions=merge_conditions(
@@ -214,6 +215,7 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.history,
         entry.adjustment,
         entry.retry,
+        entry.compensations,
     )
 
 
@@ -253,6 +255,7 @@ def settled_record(
         history=status.history,
         adjustment=status.adjustment,
         retry=status.retry,
+        compensations=status.compensations,
     )
 
 
