@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from reservoir import metrics
+from reservoir.cli.plugin import compensation_line, envelope_ledger, history_lines
 from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.ledger import ZERO
@@ -28,6 +29,7 @@ from reservoir.core.model import (
 )
 from reservoir.sdk.compensation import already_sent, append_patch, compensation_request
 from reservoir.sdk.errors import CompensationError
+from reservoir.sdk.views import EnvelopeView
 from tests.unit.sim import Sim
 
 CAPACITY = {"tokens": "100", "cost": "10", "concurrency": "2"}
@@ -368,3 +370,24 @@ def test_the_append_tests_the_list_as_read() -> None:
     assert {"op": "test", "path": "/metadata/generation", "value": 3} in patch
     fresh = append_patch("uid-1", 1, None, wanted)
     assert fresh[-1] == {"op": "add", "path": "/spec/compensations", "value": [wanted.to_api()]}
+
+
+# --- what `kubectl reservoir history` and `ledger` show ---------------------------------
+
+
+def test_history_and_ledger_show_compensations_applied_recorded_and_waiting() -> None:
+    sim = settled()
+    ask(sim, "void-1", {"cost": "2.5", "concurrency": "1"}).reconcile()
+    ask(sim, "late", tokens="5")  # asked, not reconciled yet
+    entry = sim.status.entries["a"]
+    lines = "\n".join(history_lines("ns/a", entry, sim.claims["a"].spec.compensations))
+    assert "compensation void-1 at 2026-01-01T00:00:00Z: refunded cost=2.5; applied" in lines
+    assert "concurrency: Reusable" in lines
+    assert "compensation late: charge tokens=5 asked, being applied" in lines
+    view = EnvelopeView(name="env", namespace="ns", status=sim.status)
+    shown = "\n".join(envelope_ledger(view))
+    assert "compensations:\n  a: compensation void-1" in shown
+    sim.close().reconcile().mirror().reconcile()  # recorded only, off the ledger
+    record = records(sim)[-1]
+    assert not record.applied
+    assert "recorded only (not applied to the envelope)" in compensation_line(record)
