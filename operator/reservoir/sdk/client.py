@@ -44,6 +44,12 @@ name raises `ClaimExistsError`. A claim's outcome outlives its worker: `finish(.
 result=URI)` records a result reference, and `result(name)` and `history(name)` read what
 became of the claim and how, from its record (ledger entry, else status), by name only.
 
+`compensate` is for after settlement (a refund, the void of an external authorization, a
+follow-up charge): it appends to `spec.compensations` with a JSON patch that tests the
+claim's UID, generation and the list as read, and is idempotent by its key (by default a
+hash of amount, reason and reference). The operator applies each once (reservoir.core
+.compensation).
+
 `renew` writes no claim: it heartbeats the claim's `coordination.k8s.io/v1` Lease, and only
 for the claim the caller's view names (same UID and attempt), only when the claim names no
 other holder and is not cancelled, deleting, settled or Detached, and never taking over a
