@@ -37,6 +37,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from reservoir import __version__
+from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals
 
@@ -154,6 +155,13 @@ overruns = BoundedCounter(
     "Claims that reported usage above their reservation.",
     CLASS,
 )
+compensations = BoundedCounter(
+    "reservoir_compensations_total",
+    "Compensations of settled claims (reversals, voids, follow-up charges), by result: "
+    "applied (moved the envelope's committed total once) or recorded (the envelope was "
+    "not open, or nothing it asked could move).",
+    [*CLASS, "result"],
+)
 ledger_writes = BoundedCounter(
     "reservoir_ledger_writes_total",
     "Compare-and-swap writes of envelope ledgers, by result "
@@ -197,6 +205,7 @@ objects_set_aside = BoundedCounter(
 )
 
 EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
+COMPENSATION_RESULTS = {APPLIED: "applied", RECORDED: "recorded"}
 # A snapshot older than this is not shown: the replica stopped reconciling the envelope
 # (it was paused behind a peer, or the envelope went while it was not looking). An active
 # replica reconciles every envelope at least every 30 s.
@@ -392,6 +401,9 @@ def count_events(namespace: str, workflow_class: str, events: Iterable[LedgerEve
             late_reports.labels(namespace, workflow_class).inc()
         elif event.reason == "Overrun":
             overruns.labels(namespace, workflow_class).inc()
+        elif event.reason in COMPENSATION_RESULTS:
+            result = COMPENSATION_RESULTS[event.reason]
+            compensations.labels(namespace, workflow_class, result).inc()
 
 
 def observe_written(

@@ -6,6 +6,8 @@
     kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded [--result s3://b/out]
     kubectl reservoir result CLAIM [-n NS]              # phase, outcome, result reference, C
     kubectl reservoir history CLAIM [-n NS]             # the claim's recorded transitions
+    kubectl reservoir compensate CLAIM --amount cost=-2.50 [--amount tokens=100] \
+        --reason "refund, ticket 42" [--reference INV-7] [--key K]   # after settlement
     kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
     kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
     kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing
@@ -39,6 +41,8 @@ from reservoir.core.model import (
     ChildEntry,
     ChildPhase,
     ClaimPhase,
+    Compensation,
+    CompensationRecord,
     EnvelopePhase,
     LedgerEntry,
     ParentKind,
@@ -239,20 +243,66 @@ def retry_line(retry: RetryHold) -> str:
     return line
 
 
-def history_lines(name: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:
-    """The transitions table, then the adjustment and the retry hold when there are."""
+def compensation_line(record: CompensationRecord) -> str:
+    """A compensation as recorded: what it moved, applied or only recorded, and why."""
+    moved = ", ".join(
+        part
+        for part in (
+            f"refunded {render(record.refunded)}" if record.refunded else "",
+            f"charged {render(record.charged)}" if record.charged else "",
+        )
+        if part
+    )
+    how = "applied" if record.applied else "recorded only (not applied to the envelope)"
+    line = (
+        f"compensation {record.key} at {timestamp(record.at)}: {moved or 'nothing moved'}; "
+        f"{how}; reason: {visible(record.reason)}"
+    )
+    if record.reference:
+        line += f"; reference: {visible(record.reference)}"
+    if record.note:
+        line += f" ({visible(record.note)})"
+    return line
+
+
+def waiting_compensation_line(asked: Compensation, settled: bool) -> str:
+    """A compensation the claim's spec asks that its record does not hold yet."""
+    amounts = ", ".join(
+        part
+        for part in (
+            f"refund {render(asked.refund)}" if asked.refund else "",
+            f"charge {render(asked.charge)}" if asked.charge else "",
+        )
+        if part
+    )
+    why = "being applied" if settled else "waits for the claim's settlement"
+    return (
+        f"compensation {asked.key}: {amounts or '-'} asked, {why}; reason: {visible(asked.reason)}"
+    )
+
+
+def history_lines(
+    name: str, record: LedgerEntry | BranchClaimStatus, asked: Sequence[Compensation] = ()
+) -> list[str]:
+    """The transitions table, then the adjustment, the retry hold and the compensations
+    (recorded, then those asked and not recorded yet) when there are."""
     lines = [f"branchclaim {name}: {record.phase.value}", history_table(record)]
     if record.adjustment is not None:
         lines.append(adjustment_line(record.adjustment))
     if record.retry is not None:
         lines.append(retry_line(record.retry))
+    lines += [compensation_line(c) for c in record.compensations]
+    recorded = {c.key for c in record.compensations}
+    settled = record.settlement is not None
+    lines += [waiting_compensation_line(a, settled) for a in asked if a.key not in recorded]
     return lines
 
 
 def show_history(view: ClaimView) -> str:
     """A claim's durable history, from its authoritative record (ledger entry, else
     status): it outlives the claim's Events and its worker."""
-    return "\n".join(history_lines(f"{view.namespace}/{view.name}", view.record))
+    name = f"{view.namespace}/{view.name}"
+    return "\n".join(history_lines(name, view.record, view.spec.compensations))
 
 
 TOTALS = ("capacity", "committed", "reserved", "reconciling", "available")
@@ -334,6 +384,23 @@ def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> lis
     rows = [["CLAIM", "BRANCH", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
     rows += sorted(listed, key=lambda row: (row[1], row[0]))
     lines.append(table(rows) if len(rows) > 1 else "(no claims in the ledger)")
+    compensated: list[tuple[str, LedgerEntry | BranchClaimStatus]] = [
+        (e.claim, e) for e in status.entries.values() if e.compensations
+    ]
+    compensated += [
+        (c.name, c.status)
+        for c in claims
+        if c.uid not in status.entries
+        and c.status.settlement is not None
+        and c.status.compensations
+    ]
+    if compensated:
+        lines.append("\ncompensations:")
+        lines += [
+            f"{INDENT}{claim}: {compensation_line(c)}"
+            for claim, record in sorted(compensated, key=lambda item: item[0])
+            for c in record.compensations
+        ]
     if status.balance_released:
         lines.append(f"\nbalance released at close: {render(status.balance_released)}")
     return lines
@@ -540,12 +607,30 @@ def parser() -> argparse.ArgumentParser:
 
     for verb, text in [
         ("result", "what became of a claim: phase, outcome, result reference, C and R − C"),
-        ("history", "a claim's recorded transitions, with its adjustment and retry hold"),
+        ("history", "a claim's recorded transitions, adjustment, retry hold, compensations"),
     ]:
         read = verbs.add_parser(verb, help=text)
         read.add_argument("claim")
         # Also after the verb (`result CLAIM -n NS`); SUPPRESS keeps a -n given before it.
         read.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help="namespace")
+
+    compensate = verbs.add_parser(
+        "compensate",
+        help="a reversal or follow-up charge after settlement, applied once (by its key)",
+    )
+    compensate.add_argument("claim")
+    compensate.add_argument(
+        "--amount",
+        action="append",
+        required=True,
+        metavar="RESOURCE=SIGNED_QUANTITY",
+        help="negative: given back (a refund, a void); positive: charged. Repeatable.",
+    )
+    compensate.add_argument("--reason", required=True, help="why, for the record")
+    compensate.add_argument("--reference", help="the business record: invoice, refund, auth")
+    compensate.add_argument(
+        "--key", help="idempotency key (default: a hash of amount, reason and reference)"
+    )
 
     ledger = verbs.add_parser(
         "ledger", help="an envelope's totals and claims, then its child envelopes' (a tree)"
@@ -595,6 +680,11 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
         return show_result(sdk.result(args.claim))
     if args.verb == "history":
         return show_history(sdk.get(args.claim))
+    if args.verb == "compensate":
+        view = sdk.compensate(
+            args.claim, resources(args.amount), args.reason, args.reference, args.key
+        )
+        return show_history(view)
     view = sdk.get(args.claim)
     if args.verb == "dispatch":
         view = sdk.dispatch(view)

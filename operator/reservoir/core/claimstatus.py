@@ -81,6 +81,7 @@ def claim_status(
         occupancy=entry.occupancy,
         work_ended_at=entry.work_ended_at,
         reusable_returned=entry.reusable_returned,
+        compensations=entry.compensations,
         # Bound once to the envelope that decided on it (issue 21 #3).
         envelope_uid=previous.envelope_uid or envelope_uid or None,
         conditions=merge_conditions(
@@ -231,6 +232,7 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.reusable_returned,
         entry.handed_off_at if entry.devices is not None else None,
         entry.handed_off_to if entry.devices is not None else None,
+        entry.compensations,
     )
 
 
@@ -275,6 +277,7 @@ def settled_record(
         occupancy=status.occupancy,
         work_ended_at=status.work_ended_at,
         reusable_returned=status.reusable_returned,
+        compensations=status.compensations,
     )
 
 

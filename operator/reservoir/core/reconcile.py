@@ -46,6 +46,7 @@ from reservoir.core.budgets import (
     waiting_children,
 )
 from reservoir.core.claimstatus import settled_view
+from reservoir.core.compensation import compensate
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.contracts import Contracts, raise_peak, resolve, reusable, summary, types
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
@@ -311,6 +312,9 @@ def reconcile(
             committed = add(committed, entry.consumed)
         if not was_adjusted:
             committed = _adjusted(committed, entry)
+        moved = compensate(entry, facts, envelope.spec.contracts, ledger, dimensions, room, now)
+        committed = moved.committed(committed)
+        result.events += moved.events
         _keep_or_release_devices(result, uid, entry, facts, policy)
 
     # 2. Settled claims whose record moved to their own status: only late facts remain. A
@@ -333,14 +337,19 @@ def reconcile(
         events = advance(
             record, facts, policy, now, renewals_open, dimensions, room, adjust, result.reusable
         )
+        # A compensation that moves capacity comes back into the ledger the same way.
+        moved = compensate(record, facts, envelope.spec.contracts, ledger, dimensions, room, now)
         if record == facts.settled_record:
             continue  # nothing new: its status already says all of it
-        result.events += events
+        result.events += events + moved.events
         if not was_adjusted and record.adjustment is not None and record.adjustment.applied:
             committed = _adjusted(committed, record)
             ledger.entries[facts.uid] = record
-            continue
-        result.off_ledger[facts.uid] = record
+        if moved.moves:
+            committed = moved.committed(committed)
+            ledger.entries[facts.uid] = record
+        if facts.uid not in ledger.entries:
+            result.off_ledger[facts.uid] = record
 
     # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
     children = ChildLedger(
