@@ -29,7 +29,7 @@ from reservoir.core.model import (
 from reservoir.core.provider import ProviderAnswer
 from reservoir.core.windows import slice_of
 from tests.unit.sim import Sim
-from tests.unit.tree_sim import POOL, Run, World
+from tests.unit.tree_sim import POOL, Run, World, lending
 
 GPU = "nvidia.com/gpu"
 REPLENISHING = {"requests": {"type": "Replenishing", "windowSeconds": 60}}
@@ -424,3 +424,40 @@ def test_an_answer_contradicted_by_evidence_returns_nothing_early() -> None:
     sim.provider("a", ProviderAnswer(state=ProviderState.RUNNING)).reconcile()
     assert sim.entry("a").reusable_returned == {}
     assert sim.total("available", "concurrency") == "1"
+
+
+def test_a_loan_of_a_reusable_resource_ends_with_the_borrowers_claim() -> None:
+    """Borrowing a Reusable resource is a loan of occupancy: repaid in full once the
+    borrower's claim ends, never committed in the lender."""
+    world = World()
+    run = Run(world)
+    world.create_envelope("planner", {"concurrency": 4, "tokens": 100})
+    world.create_envelope(
+        "lender", {"concurrency": 2, "tokens": 10}, parent="planner", policy=lending({"tokens": 0})
+    )
+    world.create_envelope("borrower", {"concurrency": 1, "tokens": 10}, parent="planner")
+    run.settle()
+    world.create_claim("b1", "borrower", {"concurrency": 1, "tokens": 1}, dispatch=True)
+    world.tick()
+    world.create_claim("b2", "borrower", {"concurrency": 1, "tokens": 1}, dispatch=True)
+    run.settle()
+    lent = run.of("lender").loans.get(world.uid("borrower"))
+    assert lent is not None and lent.amount == {"concurrency": 1}
+    b2 = run.claim("b2")
+    assert b2 is not None and b2.phase is ClaimPhase.COMMITTED
+    world.tick()
+    for name in ("b1", "b2"):
+        world.update_claim(
+            name, usage={"concurrency": 1, "tokens": 1}, final=True, outcome="Succeeded"
+        )
+    run.settle()
+    # Repaid in full (the settled loan's lines are let go once both sides know it).
+    assert run.totals("lender").lent.get("concurrency", 0) == 0
+    assert run.totals("lender").available["concurrency"] == 2
+    assert run.totals("borrower").borrowed.get("concurrency", 0) == 0
+    world.close("borrower")
+    world.close("lender")
+    run.settle()
+    assert run.totals("lender").committed["concurrency"] == 0
+    assert run.totals("planner").committed == {"concurrency": 0, "tokens": 2}
+    assert run.totals("planner").available["concurrency"] == 4

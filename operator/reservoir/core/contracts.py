@@ -76,6 +76,8 @@ def occupancy(
     if since is None:
         return {}
     seconds = max(int((until - since).total_seconds()), 0)
+    if seconds == 0:
+        return {}  # held less than a second: nothing worth a line
     return {
         name: min(amount * seconds, MAX_QUANTITY)
         for name, amount in reserved.items()
