@@ -9,8 +9,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from reservoir.core import contracts
 from reservoir.core.model import (
-    DEFAULT_REUSABLE,
     Adjustment,
     BranchClaimSpec,
     BranchClaimStatus,
@@ -231,18 +231,11 @@ def shown_contracts(
 ) -> dict[str, ContractType]:
     """Each resource's contract as the operator recorded it (status.contracts); for a
     resource it has not recorded yet (a budget it has not written), the declared one or
-    the default by name: Reusable for device resources and `concurrency`, else Consumable."""
-    shown: dict[str, ContractType] = {}
-    for name in sorted({*resources, *recorded, *declared}):
-        if name in recorded:
-            shown[name] = recorded[name]
-        elif name in declared:
-            shown[name] = declared[name].type
-        else:
-            shown[name] = (
-                ContractType.REUSABLE if name in DEFAULT_REUSABLE else ContractType.CONSUMABLE
-            )
-    return shown
+    the default by name (reservoir.core.contracts)."""
+    resolved = contracts.types(contracts.resolve({*resources, *declared}, declared))
+    return {name: recorded.get(name, kind) for name, kind in resolved.items()} | {
+        name: kind for name, kind in recorded.items() if name not in resolved
+    }
 
 
 def declared_contracts(spec: Mapping[str, Any]) -> dict[str, Contract]:
