@@ -43,12 +43,14 @@ from reservoir.core.model import (
     ClaimPhase,
     Compensation,
     CompensationRecord,
+    ContractType,
     EnvelopePhase,
     LedgerEntry,
     ParentKind,
     ResourceTotals,
     RetryHold,
     Transition,
+    WindowSlice,
 )
 from reservoir.core.quantity import QuantityError, format_quantity
 from reservoir.core.rightsizing import Recommendation, recommend, round_ratio
@@ -133,7 +135,8 @@ def show_claim(view: ClaimView) -> str:
 
 def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:
     """A claim's line: from its ledger entry, or from its status once a settled entry was
-    compacted out of the ledger."""
+    compacted out of the ledger. The last cell is its occupancy (Reusable resources, R ×
+    seconds held), shown only when some claim has one."""
     return [
         name,
         branch or "-",
@@ -142,6 +145,7 @@ def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -
         render(record.consumed) or "-",
         render(record.released) or "-",
         record.settlement.reason if record.settlement else "-",
+        render(record.occupancy) or "-",
     ]
 
 
@@ -171,11 +175,18 @@ def show_result(view: ResultView) -> str:
         f"result:  {visible(view.result or '- (none recorded)')}",
         f"amounts: {amounts}",
     ]
+    if view.occupancy:
+        lines.append(occupancy_line(view.occupancy))
     if view.adjustment is not None:
         lines.append(adjustment_line(view.adjustment))
     if view.retry is not None:
         lines.append(retry_line(view.retry))
     return "\n".join(lines)
+
+
+def occupancy_line(occupancy: Mapping[str, Decimal]) -> str:
+    """What a claim's Reusable resources were used for: R × seconds held, all returned."""
+    return f"occupancy: {render(occupancy)} (R × seconds held; returned in full, not charged)"
 
 
 def transition_amounts(move: Transition, record: LedgerEntry | BranchClaimStatus) -> str:
@@ -307,21 +318,74 @@ def show_history(view: ClaimView) -> str:
 
 TOTALS = ("capacity", "committed", "reserved", "reconciling", "available")
 INDENT = "  "
+# The contracts whose use comes back (when a claim ends, or when its window passes): their
+# peak in use at once is what right-sizes them.
+PEAKED = frozenset({ContractType.REUSABLE, ContractType.REPLENISHING})
 
 
-def totals_table(totals: ResourceTotals) -> str:
-    """Per resource: capacity, committed, reserved, reconciling, available; and lent and
-    borrowed when the envelope has loans with siblings."""
+def duration(seconds: int) -> str:
+    """`20s`, `5m`, `1h`, `90s`: a window's length as it was declared, in its largest
+    whole unit."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def totals_table(
+    totals: ResourceTotals,
+    contracts: Mapping[str, ContractType] | None = None,
+    peak: Mapping[str, Decimal] | None = None,
+    window_seconds: Mapping[str, int] | None = None,
+) -> str:
+    """Per resource: its contract, capacity, committed, reserved, reconciling, available;
+    lent and borrowed when the envelope has loans with siblings; the peak in use at once
+    when a resource is Reusable or Replenishing, and the window when one is Replenishing.
+    A Reusable resource's committed is always 0: all of R returns when a claim ends."""
     if not totals.capacity:
         return "(no totals recorded yet)"
+    contracts = contracts or {}
+    peak = peak or {}
+    window_seconds = window_seconds or {}
+    kinds = {contracts.get(resource) for resource in totals.capacity}
     parts = [*TOTALS[:-1], *(p for p in ("lent", "borrowed") if getattr(totals, p)), TOTALS[-1]]
-    rows = [["RESOURCE", *(part.upper() for part in parts)]]
+    peaks = bool(kinds & PEAKED)
+    windows = ContractType.REPLENISHING in kinds
+    header = ["RESOURCE", "CONTRACT", *(part.upper() for part in parts)]
+    rows = [header + ["PEAK"] * peaks + ["WINDOW"] * windows]
     for resource in sorted(totals.capacity):
-        rows.append(
-            [resource]
-            + [format_quantity(getattr(totals, part).get(resource, ZERO)) for part in parts]
-        )
+        contract = contracts.get(resource)
+        row = [resource, contract.value if contract else "-"]
+        row += [format_quantity(getattr(totals, part).get(resource, ZERO)) for part in parts]
+        if peaks:
+            row.append(format_quantity(peak.get(resource, ZERO)) if contract in PEAKED else "-")
+        if windows:
+            length = window_seconds.get(resource)
+            shown = duration(length) if length else "?"
+            row.append(shown if contract is ContractType.REPLENISHING else "-")
+        rows.append(row)
     return table(rows)
+
+
+def window_lines(
+    windows: Mapping[str, Sequence[WindowSlice]], window_seconds: Mapping[str, int]
+) -> list[str]:
+    """For each Replenishing resource with consumption still in its window: how much, and
+    when each slice of it returns (a sliding window: never before one window has passed
+    since its settlement, at most one slice after)."""
+    lines = []
+    for resource in sorted(windows):
+        slices = sorted(windows[resource], key=lambda part: part.returns_at)
+        if not slices:
+            continue
+        length = window_seconds.get(resource)
+        within = f"its {duration(length)} window" if length else "its window"
+        total = format_quantity(sum((part.amount for part in slices), ZERO))
+        returns = ", ".join(
+            f"{format_quantity(part.amount)} at {timestamp(part.returns_at)}" for part in slices
+        )
+        lines.append(f"window {resource}: {total} committed in {within}, returning {returns}")
+    return lines
 
 
 def indented(text: str, level: int) -> str:
@@ -371,10 +435,12 @@ def child_line(parent: str, entry: ChildEntry | None) -> str:
 
 
 def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> list[str]:
-    """One envelope's header, totals and claims: its ledger entries, and the settled claims
-    whose entries were compacted out of the ledger (their record lives in their status)."""
+    """One envelope's header, totals (with each resource's contract) and claims: its ledger
+    entries, and the settled claims whose entries were compacted out of the ledger (their
+    record lives in their status)."""
     status = view.status
-    lines = [envelope_header(view), totals_table(status.totals), ""]
+    totals = totals_table(status.totals, view.contracts, view.peak, view.window_seconds)
+    lines = [envelope_header(view), totals, *window_lines(view.windows, view.window_seconds), ""]
     listed = [claim_row(e.claim, e.branch, e) for e in status.entries.values()]
     listed += [
         claim_row(c.name, c.spec.branch, c.status)
@@ -382,6 +448,10 @@ def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> lis
         if c.uid not in status.entries and c.status.settlement is not None
     ]
     rows = [["CLAIM", "BRANCH", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
+    if any(row[-1] != "-" for row in listed):
+        rows[0].append("OCCUPANCY")  # Reusable resources: R × seconds held
+    else:
+        listed = [row[:-1] for row in listed]
     rows += sorted(listed, key=lambda row: (row[1], row[0]))
     lines.append(table(rows) if len(rows) > 1 else "(no claims in the ledger)")
     compensated: list[tuple[str, LedgerEntry | BranchClaimStatus]] = [
@@ -449,7 +519,8 @@ def show_pool(pool: PoolView) -> str:
     waiting = status.counts.get("Pending", 0)
     if waiting:
         header += f"; {waiting} envelope(s) waiting"
-    lines = [header, totals_table(status.totals), ""]
+    totals = totals_table(status.totals, pool.contracts, pool.peak, pool.window_seconds)
+    lines = [header, totals, *window_lines(pool.windows, pool.window_seconds), ""]
     rows = [["ENVELOPE", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
     rows += sorted(
         [
