@@ -457,6 +457,27 @@ def test_an_envelope_status_is_read_with_its_contracts_or_the_defaults() -> None
     assert contract_of("tokens", {}) is CONSUMABLE and contract_of(GPU, {}) is REUSABLE
 
 
+def test_an_open_envelope_is_a_sample_once_it_has_had_something_in_use() -> None:
+    """An envelope just opened has a peak of 0 only because nothing ran yet: counted, it
+    would pull the percentiles down. A finished one that never used a resource is a 0."""
+    status = ReservationEnvelopeStatus.model_validate(
+        {
+            "phase": "Open",
+            "totals": {"capacity": {GPU: "8", "concurrency": "4"}},
+            "peak": {"concurrency": "2"},
+        }
+    )
+    use = EnvelopeUse.from_status(status)
+    assert use is not None and not use.finished
+    (permits,) = recommend([], 1, [use]).capacities  # no GPU line: none in use yet
+    assert (permits.resource, permits.p95_peak) == ("concurrency", 2)
+    closed = EnvelopeUse.from_status(status.model_copy(update={"phase": "Closed"}))
+    assert closed is not None and closed.finished
+    lines = {c.resource: c for c in recommend([], 1, [use, closed]).capacities}
+    assert (lines[GPU].envelopes, lines[GPU].max_peak) == (1, 0)
+    assert lines["concurrency"].envelopes == 2
+
+
 @given(
     st.lists(
         st.tuples(quantities, quantities).map(lambda pc: (min(pc), max(pc))),

@@ -10,7 +10,8 @@ envelope that does not show one: the default by name):
   three significant digits.
 - **Reusable** (GPUs, concurrency permits): a claim consumes nothing (all of R returns when
   it ends), so C against R says nothing. Each envelope is a sample of its peak concurrent
-  use (`status.peak`, the most ever in use at once) against its capacity. The line
+  use (`status.peak`, the most ever in use at once) against its capacity (an open envelope
+  only once it has had some in use: until then it says nothing). The line
   suggests the envelope's *capacity*: the p95 of the peaks, rounded up the same way.
 - **Replenishing** (a provider's requests or tokens per window): each envelope is a sample
   of its most in use within one window (`status.peak`: held plus committed in the window)
@@ -167,11 +168,13 @@ class Sample:
 @dataclass(frozen=True)
 class EnvelopeUse:
     """One envelope's record of its Reusable and Replenishing resources: the most ever in
-    use at once (`status.peak`) against its capacity."""
+    use at once (`status.peak`) against its capacity, and whether it has finished (Closed
+    or Expired: its peak is final; an open one's is the most so far)."""
 
     contracts: Mapping[str, ContractType]
     capacity: Mapping[str, Decimal]
     peak: Mapping[str, Decimal] = field(default_factory=dict)
+    finished: bool = True
 
     @classmethod
     def from_status(cls, status: ReservationEnvelopeStatus) -> EnvelopeUse | None:
@@ -179,10 +182,18 @@ class EnvelopeUse:
         (it held nothing, and says nothing about what its workflow needs)."""
         if status.phase is EnvelopePhase.PENDING:
             return None
-        return cls(dict(status.contracts), dict(status.totals.capacity), dict(status.peak))
+        finished = status.phase in (EnvelopePhase.CLOSED, EnvelopePhase.EXPIRED)
+        return cls(
+            dict(status.contracts), dict(status.totals.capacity), dict(status.peak), finished
+        )
 
     def contract(self, resource: str) -> ContractType:
         return contract_of(resource, self.contracts)
+
+    def sample(self, resource: str) -> bool:
+        """Whether its peak of `resource` says something: once it has finished, or once it
+        has had any in use (an open envelope that has not run anything yet says nothing)."""
+        return self.finished or self.peak.get(resource, ZERO) > ZERO
 
 
 @dataclass(frozen=True)
@@ -284,7 +295,7 @@ def recommend(
             (name, use.contract(name))
             for use in uses
             for name in use.capacity
-            if use.contract(name) is not CONSUMABLE
+            if use.contract(name) is not CONSUMABLE and use.sample(name)
         }
     )
     capacities = [_capacity(name, contract, uses, min_samples) for name, contract in lines]
@@ -342,7 +353,9 @@ def _resource(name: str, counted: Sequence[Sample], min_samples: int) -> Resourc
 def _capacity(
     name: str, contract: ContractType, uses: Sequence[EnvelopeUse], min_samples: int
 ) -> CapacityRecommendation:
-    having = [u for u in uses if name in u.capacity and u.contract(name) is contract]
+    having = [
+        u for u in uses if name in u.capacity and u.contract(name) is contract and u.sample(name)
+    ]
     peaks = [u.peak.get(name, ZERO) for u in having]
     capacities = [u.capacity[name] for u in having]
     ratios = [Fraction(p) / Fraction(c) for p, c in zip(peaks, capacities, strict=True) if c]
