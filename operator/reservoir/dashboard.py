@@ -219,8 +219,8 @@ def contract_panels() -> list[Panel]:
         row("Contracts"),
         timeseries(
             "Reusable and Replenishing: in use, peak and capacity",
-            "What is in use now of each Reusable resource (held by claims and child "
-            "envelopes; it all comes back as they end) and Replenishing resource (held, plus "
+            "What is in use now of each Reusable resource (held by claims and child envelopes, "
+            "or lent; it all comes back as they end) and Replenishing resource (held, plus "
             "committed in the window; it comes back as the window passes), the most ever in "
             "use at once, and the capacity (the limit per window). In use at capacity while "
             "claims wait: ReservoirReusableSaturated, ReservoirReplenishingThrottled.",

@@ -276,15 +276,14 @@ class EnvelopeSnapshot:
         }
 
     def in_use(self) -> dict[str, Decimal]:
-        """Reusable and Replenishing resources: held by claims and child envelopes (reserved
-        and reconciling), plus committed (for Replenishing, in the window; for Reusable,
-        nothing)."""
+        """Reusable and Replenishing resources: what is not available of the capacity (and
+        what was borrowed), i.e. held by claims and child envelopes, lent to siblings and,
+        for Replenishing, committed in the window. The same figure the peak records
+        (reservoir.core.contracts.raise_peak), so it never shows above the peak."""
         totals = self.totals
         return {
-            name: totals.committed.get(name, ZERO)
-            + totals.reserved.get(name, ZERO)
-            + totals.reconciling.get(name, ZERO)
-            for name in totals.capacity
+            name: amount + totals.borrowed.get(name, ZERO) - totals.available.get(name, ZERO)
+            for name, amount in totals.capacity.items()
             if contract_of(name, self.contracts) is not ContractType.CONSUMABLE
         }
 
@@ -340,8 +339,9 @@ class EnvelopeGauges(Collector):
         in_use = GaugeMetricFamily(
             "reservoir_envelope_in_use",
             "Reusable and Replenishing resources of the envelope in use now: held by claims "
-            "and child envelopes, plus (Replenishing) committed in the window. At capacity, "
-            "claims wait: for claims to end (Reusable) or for the window (Replenishing).",
+            "and child envelopes, lent to siblings, and (Replenishing) committed in the "
+            "window. At capacity, claims wait: for claims to end (Reusable) or for the "
+            "window (Replenishing).",
             labels=[*ENVELOPE, "resource", "contract"],
         )
         peak = GaugeMetricFamily(

@@ -44,8 +44,8 @@ from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from typing import TypeVar
 
+from reservoir.core.contracts import default_contract
 from reservoir.core.model import (
-    DEFAULT_REUSABLE,
     ClaimPhase,
     ContractType,
     EnvelopePhase,
@@ -80,9 +80,7 @@ def contract_of(resource: str, contracts: Mapping[str, ContractType]) -> Contrac
     """The contract a budget keeps for `resource`: as its status shows it, else the default
     by name (device resources and `concurrency` Reusable, anything else Consumable)."""
     found = contracts.get(resource)
-    if found is not None:
-        return found
-    return REUSABLE if resource in DEFAULT_REUSABLE else CONSUMABLE
+    return found if found is not None else default_contract(resource).type
 
 
 def nearest_rank(values: Sequence[T], percent: int) -> T:
