@@ -139,4 +139,5 @@ def test_recommend_table_names_each_lines_contract() -> None:
         "rpm", "Replenishing", "6", "30", "30", "60", "0.5", "0", "30", "(limit", "per", "window)"
     ]  # fmt: skip
     assert any(line.startswith(f"{GPU} (Reusable): p95 of the peak in use") for line in lines)
+    assert any(line.startswith("tokens (Consumable): p95 of consumed over 7") for line in lines)
     assert all(not line.startswith(f"{GPU}:") for line in lines)  # no C/R line for GPUs

@@ -544,7 +544,11 @@ def _consumable_table(rec: Recommendation) -> list[str]:
                 _quantity(r.suggested) or "-",
             ]
         )
-    return [table(rows), "", *(f"{r.resource}: {r.explanation}" for r in rec.resources)]
+    return [
+        table(rows),
+        "",
+        *(f"{r.resource} ({r.contract.value}): {r.explanation}" for r in rec.resources),
+    ]
 
 
 def _capacity_table(rec: Recommendation) -> list[str]:
