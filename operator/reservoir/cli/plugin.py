@@ -10,7 +10,7 @@
         --reason "refund, ticket 42" [--reference INV-7] [--key K]   # after settlement
     kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
     kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
-    kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing
+    kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing, by contract
 
 Claims created by `hold` name a lease holder, and only that holder may dispatch or renew
 them. Every invocation uses the same holder, `--holder` (default: $RESERVOIR_HOLDER, else
@@ -53,7 +53,14 @@ from reservoir.core.model import (
     WindowSlice,
 )
 from reservoir.core.quantity import QuantityError, format_quantity
-from reservoir.core.rightsizing import Recommendation, recommend, round_ratio
+from reservoir.core.rightsizing import (
+    SUGGESTS,
+    EnvelopeUse,
+    Recommendation,
+    Sample,
+    recommend,
+    round_ratio,
+)
 from reservoir.k8s.resources import WORKFLOW_CLASS_LABEL
 from reservoir.sdk import (
     ClaimView,
@@ -541,15 +548,22 @@ def recommendation(
     sdk: Reservoir, workflow_class: str, all_namespaces: bool
 ) -> tuple[list[EnvelopeView], Recommendation]:
     """The right-sizing of a workflow class: the settled claims of every envelope labelled
-    with it (in the namespace, or in all of them)."""
+    with it (in the namespace, or in all of them), each read with its envelope's contracts,
+    and the envelopes' peak use."""
     envelopes = sdk.envelopes({WORKFLOW_CLASS_LABEL: workflow_class}, all_namespaces)
     if not envelopes:
         where = "any namespace" if all_namespaces else sdk.namespace
         raise ReservoirError(
             f"no envelopes with label {WORKFLOW_CLASS_LABEL}={workflow_class} in {where}"
         )
-    records = [r for e in envelopes for r in sdk.settled_records(e.name, e.namespace)]
-    return envelopes, recommend(records)
+    samples = [
+        sample
+        for e in envelopes
+        for record in sdk.settled_records(e.name, e.namespace)
+        if (sample := Sample.from_entry(record, e.status.contracts)) is not None
+    ]
+    uses = [use for e in envelopes if (use := EnvelopeUse.from_status(e.status)) is not None]
+    return envelopes, recommend(samples, envelopes=uses)
 
 
 def _ratio(value: Fraction | None) -> str | None:
@@ -575,6 +589,8 @@ def recommendation_json(
             "resources": [
                 {
                     "resource": r.resource,
+                    "contract": r.contract.value,
+                    "judgedBy": r.judged_by,
                     "samples": r.samples,
                     "p50Consumed": _quantity(r.p50_consumed),
                     "p95Consumed": _quantity(r.p95_consumed),
@@ -588,6 +604,28 @@ def recommendation_json(
                     "explanation": r.explanation,
                 }
                 for r in rec.resources
+            ],
+            # Reusable and Replenishing resources: peak use of each envelope against its
+            # capacity (the limit per window), not C against R (README "Resource contracts").
+            "peakEnvelopes": rec.envelopes,
+            "capacities": [
+                {
+                    "resource": c.resource,
+                    "contract": c.contract.value,
+                    "judgedBy": c.judged_by,
+                    "envelopes": c.envelopes,
+                    "p50Peak": _quantity(c.p50_peak),
+                    "p95Peak": _quantity(c.p95_peak),
+                    "maxPeak": _quantity(c.max_peak),
+                    "p50Capacity": _quantity(c.p50_capacity),
+                    "p50PeakRatio": _ratio(c.p50_ratio),
+                    "p95PeakRatio": _ratio(c.p95_ratio),
+                    "atCapacity": c.at_capacity,
+                    "suggests": SUGGESTS[c.contract],
+                    "suggested": _quantity(c.suggested),
+                    "explanation": c.explanation,
+                }
+                for c in rec.capacities
             ],
         },
         indent=2,
@@ -603,9 +641,24 @@ def show_recommendation(
         f"{len(envelopes)} envelope(s), {rec.claims} settled Consumed claim(s) counted "
         f"(excluded: {excluded})"
     ]
-    if not rec.resources:
+    if not rec.resources and not rec.capacities:
         lines.append("(no claim of this class has settled Consumed yet: nothing to suggest)")
         return "\n".join(lines)
+    if rec.resources:
+        lines += ["", "Consumable: consumed C against reserved R per claim", ""]
+        lines += _consumable_table(rec)
+    if rec.capacities:
+        lines += [
+            "",
+            "Reusable and Replenishing: peak use against capacity (the limit per window) "
+            f"per envelope, over {rec.envelopes} opened envelope(s)",
+            "",
+        ]
+        lines += _capacity_table(rec)
+    return "\n".join(lines)
+
+
+def _consumable_table(rec: Recommendation) -> list[str]:
     rows = [
         [
             "RESOURCE",
@@ -629,9 +682,48 @@ def show_recommendation(
                 _quantity(r.suggested) or "-",
             ]
         )
-    lines += [table(rows), ""]
-    lines += [f"{r.resource}: {r.explanation}" for r in rec.resources]
-    return "\n".join(lines)
+    return [
+        table(rows),
+        "",
+        *(f"{r.resource} ({r.contract.value}): {r.explanation}" for r in rec.resources),
+    ]
+
+
+def _capacity_table(rec: Recommendation) -> list[str]:
+    rows = [
+        [
+            "RESOURCE",
+            "CONTRACT",
+            "ENVELOPES",
+            "P50 PEAK",
+            "P95 PEAK",
+            "P50 CAPACITY",
+            "P95 PEAK/CAPACITY",
+            "AT CAPACITY",
+            "SUGGESTED",
+        ]
+    ]
+    for c in rec.capacities:
+        rows.append(
+            [
+                c.resource,
+                c.contract.value,
+                str(c.envelopes),
+                format_quantity(c.p50_peak),
+                format_quantity(c.p95_peak),
+                format_quantity(c.p50_capacity),
+                _ratio(c.p95_ratio) or "-",
+                str(c.at_capacity),
+                f"{_quantity(c.suggested)} ({SUGGESTS[c.contract]})"
+                if c.suggested is not None
+                else "-",
+            ]
+        )
+    return [
+        table(rows),
+        "",
+        *(f"{c.resource} ({c.contract.value}): {c.explanation}" for c in rec.capacities),
+    ]
 
 
 def parser() -> argparse.ArgumentParser:
