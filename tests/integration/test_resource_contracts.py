@@ -128,6 +128,7 @@ def run_gpu_branch(
     placement = view.status.placement
     assert placement is not None and placement.node, f"{name}: no devices held"
     assert len(placement.devices) == gpus, placement
+    assert placeholders(cluster, ns), f"{name}: no placeholder pod holds its devices"
 
     worker = f"{name}-worker"
     template = {
@@ -474,3 +475,36 @@ def test_a_mixed_claim_settles_each_resource_by_its_own_contract(
     assert set(held) == {"concurrency", GPU}, held  # never tokens or requests
     # R x seconds: 2 GPUs held at least as long as the one permit.
     assert held["concurrency"] > 0 and held[GPU] >= 2 * held["concurrency"], held
+
+
+# --- 6. a child keeps its parent's contracts -------------------------------------------------
+
+
+def test_a_child_declaring_another_contract_than_its_parent_waits_with_the_reason(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    """A parent's tokens are Consumable; a child declaring them Replenishing would return
+    to its parent, a window later, what the parent counts as spent: it is not admitted."""
+    make_envelope(cluster, ns, "planner", {"tokens": "100"})
+    ledger_reaches(sdk, "planner", "tokens", available=100)
+    replenishing = {"tokens": {"type": "Replenishing", "windowSeconds": 60}}
+    make_envelope(cluster, ns, "odd", {"tokens": "10"}, replenishing, parent="planner")
+    make_envelope(cluster, ns, "even", {"tokens": "10"}, parent="planner")
+
+    seen: list[str] = []  # what odd showed, for the failure message
+
+    def mismatch() -> str | None:
+        status = status_of(sdk, "odd")
+        seen.append(f"{status.phase.value}: {status.queue_reason}")
+        reason = status.queue_reason or ""
+        return reason if status.phase.value == "Pending" and "ContractMismatch" in reason else None
+
+    try:
+        reason = eventually("odd to wait on the mismatch", mismatch)
+    except AssertionError as error:
+        raise AssertionError(f"{error}; odd showed {sorted(set(seen))}") from None
+    assert reason.startswith("ContractMismatch") and "tokens" in reason, reason
+    ledger_reaches(sdk, "planner", "tokens", reserved=10, available=90)  # even's only
+    time.sleep(2)
+    assert status_of(sdk, "odd").phase.value == "Pending"
+    assert status_of(sdk, "even").phase.value == "Open"
