@@ -508,3 +508,59 @@ def test_a_child_declaring_another_contract_than_its_parent_waits_with_the_reaso
     time.sleep(2)
     assert status_of(sdk, "odd").phase.value == "Pending"
     assert status_of(sdk, "even").phase.value == "Open"
+
+
+# --- 7. a tenant pool: reusable capacity back in full, consumables settled ------------------
+
+
+def test_a_pool_gets_its_permits_back_in_full_when_an_envelope_closes(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "crd/reservationpools.reservoir.dev",
+        "--timeout=60s",
+    )  # fmt: skip
+    pool = f"contracts-{ns}"
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "ReservationPool",
+        "metadata": {"name": pool},
+        "spec": {"capacity": {"concurrency": "2", "tokens": "100"}, "namespaces": [ns]},
+    }
+    cluster.kubectl("create", "-f", "-", input=json.dumps(body))
+
+    def pool_totals(resource: str) -> dict[str, Decimal]:
+        totals = sdk.pool(pool).status.totals
+        return {part: getattr(totals, part).get(resource, Decimal(0)) for part in PARTS}
+
+    def pool_reaches(resource: str, **expected: int) -> None:
+        eventually(
+            f"pool's {resource} to show {expected}",
+            lambda: all(pool_totals(resource)[k] == v for k, v in expected.items()),
+        )
+
+    try:
+        make_envelope(cluster, ns, "first", {"concurrency": "2", "tokens": "60"})
+        ledger_reaches(sdk, "first", "concurrency", capacity=2, available=2)
+        pool_reaches("concurrency", reserved=2, available=0, committed=0)
+        sdk.hold("first", "work", {"concurrency": "1", "tokens": "50"}, name="work", dispatch=True)
+        wait_phase(sdk, "work", "Committed")
+        sdk.finish(sdk.get("work"), {"concurrency": "1", "tokens": "20"})
+        wait_phase(sdk, "work", "Consumed")
+        cluster.kubectl(
+            "patch", "renv", "first", "-n", ns, "--type=merge",
+            "-p", '{"spec": {"state": "Closed"}}',
+        )  # fmt: skip
+        pool_reaches("concurrency", committed=0, reserved=0, available=2)
+        pool_reaches("tokens", committed=20, reserved=0, available=80)
+        assert sdk.pool(pool).status.contracts.get("concurrency") == "Reusable"
+
+        # Both permits again, for the next root envelope of the tenant.
+        make_envelope(cluster, ns, "second", {"concurrency": "2", "tokens": "80"})
+        ledger_reaches(sdk, "second", "concurrency", capacity=2, available=2)
+        pool_reaches("concurrency", reserved=2, available=0, committed=0)
+        pool_reaches("tokens", committed=20, reserved=80, available=0)
+    finally:
+        for name in ("first", "second"):
+            cluster.kubectl("delete", "renv", name, "-n", ns, "--wait=false", "--ignore-not-found")
+        cluster.kubectl("delete", "rpool", pool, "--wait=false", "--ignore-not-found")
