@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from reservoir.core.contracts import occupancy
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.ledger import ZERO, add, positive, render, subtract
 from reservoir.core.ledgersize import cut_bytes
@@ -159,6 +160,9 @@ class Step:
     # The envelope's resources: reports are recorded over these only, so an entry's size
     # is bounded by its envelope (see reservoir.core.ledgersize), whatever a worker sends.
     dimensions: frozenset[str] | None = None
+    # The envelope's Reusable resources (reservoir.core.contracts): all of R returns when
+    # the claim ends, and usage reported for them is occupancy, never a charge.
+    reusable: frozenset[str] = frozenset()
     events: list[LedgerEvent] = field(default_factory=list)
     # This pass recorded a terminal answer that says what was used: the claim settles on it.
     answer_settles: bool = False
@@ -211,11 +215,16 @@ def settle(
     message: str = "",
     trigger: Trigger = Trigger.WORKER,
 ) -> None:
-    """The one settlement: commit C, return R − C. Never applied twice."""
+    """The one settlement: commit C, return R − C, per resource by its contract: a Reusable
+    resource commits nothing (all of R returns, devices once the scheduler frees them) and
+    records its occupancy instead. Never applied twice."""
     entry = step.entry
     assert entry.settlement is None and not entry.phase.terminal, "settles at most once"
-    entry.consumed = {k: v for k, v in (consumed or {}).items() if k in entry.reserved}
+    entry.consumed = {
+        k: v for k, v in (consumed or {}).items() if k in entry.reserved and k not in step.reusable
+    }
     entry.released = subtract(entry.reserved, entry.consumed)
+    entry.occupancy = occupancy(entry.reserved, step.reusable, entry.first_reserved_at, step.now)
     entry.settlement = Settlement(
         key=settlement_key(step.facts), phase=phase, reason=reason, outcome=outcome, at=step.now
     )
@@ -299,14 +308,16 @@ def advance(
     dimensions: frozenset[str] | None = None,
     room: dict[str, Decimal] | None = None,
     adjust: bool = True,
+    reusable: frozenset[str] = frozenset(),
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
     deleting): its claims' leases are not extended. `dimensions` are the envelope's
     resources, the only ones reports are recorded over. `room` is what the envelope has
     available for a late completion's charge (drawn down here); None: it cannot adjust,
-    only record. `adjust` False defers a late completion to a later pass altogether."""
-    step = Step(entry, facts, now, dimensions)
+    only record. `adjust` False defers a late completion to a later pass altogether.
+    `reusable` are the envelope's Reusable resources."""
+    step = Step(entry, facts, now, dimensions, reusable)
     if entry.phase.terminal:
         record_answer(step, policy)
         record_after_settlement(step)
@@ -352,7 +363,10 @@ def record_report(step: Step, usage: Mapping[str, Decimal], final: bool) -> None
     entry = step.entry
     record_running_max(entry, usage)
     reported = step.kept(usage)
-    excess = {k: v - entry.reserved.get(k, ZERO) for k, v in reported.items()}
+    # A Reusable resource's usage is occupancy: more than was held is not a charge.
+    excess = {
+        k: v - entry.reserved.get(k, ZERO) for k, v in reported.items() if k not in step.reusable
+    }
     excess = {k: v for k, v in excess.items() if v > ZERO}
     if not excess:
         return
@@ -648,6 +662,8 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         return
     if said is not None and said.terminal and settle_on_answer(step, said):
         return
+    if said in WORK_ENDED:
+        return_reusable(step)
     if workload_gone(entry, facts):
         entry.detached_at = step.now
         step.move(
@@ -660,6 +676,33 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         )
     if entry.phase is ClaimPhase.DETACHED:
         apply_deadline(step, policy)
+
+
+# The provider's answers that say the work is over, whatever it used.
+WORK_ENDED = (ProviderState.SUCCEEDED, ProviderState.FAILED, ProviderState.CANCELLED)
+
+
+def return_reusable(step: Step) -> None:
+    """The work is over but what it used is not known yet: its Reusable resources come
+    back now (a permit is free once the work ends), its Consumable ones wait for the usage
+    (lease-renewal.txt: "separate identifiers, authorities, and lifecycle rules"). Devices
+    follow the scheduler: they come back once their allocation is gone (reservoir.core.
+    reconcile lets the hold go and records it)."""
+    entry = step.entry
+    if entry.work_ended_at is not None:
+        return
+    entry.work_ended_at = step.now
+    entry.reusable_returned = {
+        name: amount
+        for name, amount in entry.reserved.items()
+        if name in step.reusable and name not in DEVICE_CLASSES and amount > ZERO
+    }
+    step.note(
+        "ReusableReturned",
+        "the provider says the work is over: its reusable resources "
+        f"{render(entry.reusable_returned) or '(devices, once freed)'} return now; the rest "
+        "waits for the usage",
+    )
 
 
 def settle_on_answer(step: Step, said: ProviderState) -> bool:
@@ -873,6 +916,7 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
     used = {
         k: min(max(usage.get(k, ZERO), entry.usage.get(k, ZERO)), r)
         for k, r in entry.reserved.items()
+        if k not in step.reusable  # never charged: nothing to adjust
     }
     applied = policy.late_completion is LateCompletion.ADJUST and room is not None
     returned = positive(subtract(entry.consumed, used))

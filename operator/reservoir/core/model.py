@@ -49,8 +49,8 @@ API_VERSION = "v1alpha1"
 # budget. A full ledger at MAX_LEDGER_ENTRIES stays far below etcd's ~1.5 MiB object cap
 # (measured by tests/unit/test_ledger_size.py). Every list, map and string of every spec
 # and status is bounded (no schemaless field): a spec at every bound is at most
-# SPEC_WORST_CASE_BYTES, 240,000 (a claim's, with placement hints and compensations: 229,143), computed
-# from the generated schema by tests/unit/test_crds.py.
+# SPEC_WORST_CASE_BYTES, 240,000 (a claim's, with placement hints and compensations:
+# 229,143), computed from the generated schema by tests/unit/test_crds.py.
 MAX_RESOURCES = 16
 MAX_LEDGER_ENTRIES = 512
 MAX_ACTIVE_CLAIMS_LIMIT = 256
@@ -970,6 +970,15 @@ class LedgerEntry(Model):
         "Reusable resources: R times the seconds it was held (device-seconds, "
         "permit-seconds), recorded at settlement, for right-sizing. Never charged."
     )
+    work_ended_at: datetime | None = Field(
+        default=None,
+        description="When the work was known to have ended (the provider's terminal answer) "
+        "while its usage was still unknown: its Reusable resources returned then.",
+    )
+    reusable_returned: ResourceMap = recorded_map(
+        "Reusable resources returned before settlement, once the work ended (devices once "
+        "the scheduler freed them); the rest waits for the usage."
+    )
     compensations: list[CompensationRecord] = compensations_field()
 
 
@@ -1583,6 +1592,13 @@ class PlacementStatus(Model):
         description="After settlement: the allocation is gone, the devices are free again. "
         "Until then they count as settled but still occupied.",
     )
+    handed_off_at: datetime | None = Field(
+        default=None,
+        description="When its devices were handed to its workload pod (the commit point).",
+    )
+    handed_off_to: str | None = Field(
+        default=None, max_length=64, description="The UID of that workload pod."
+    )
 
 
 class BranchClaimStatus(Model):
@@ -1618,6 +1634,14 @@ class BranchClaimStatus(Model):
     )
     occupancy: ResourceMap = recorded_map(
         "Reusable resources: R times the seconds held, recorded at settlement."
+    )
+    work_ended_at: datetime | None = Field(
+        default=None,
+        description="When the work was known to have ended before its usage: its Reusable "
+        "resources returned then (status.reusableReturned).",
+    )
+    reusable_returned: ResourceMap = recorded_map(
+        "Reusable resources returned before settlement, once the work ended."
     )
     compensations: list[CompensationRecord] = compensations_field()
     queue_reason: str | None = Field(

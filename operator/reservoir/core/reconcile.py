@@ -47,6 +47,7 @@ from reservoir.core.budgets import (
 )
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.conditions import Desired, merge_conditions
+from reservoir.core.contracts import Contracts, raise_peak, resolve, reusable, summary, types
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
 from reservoir.core.ledger import (
     ZERO,
@@ -71,6 +72,7 @@ from reservoir.core.lifecycle import (
 )
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
+    SUMMARY_LENGTH,
     BorrowRequest,
     BranchClaimSpec,
     ChildPhase,
@@ -108,6 +110,7 @@ from reservoir.core.provider import (
     needs_lookup,
 )
 from reservoir.core.text import MESSAGE_LENGTH, bounded
+from reservoir.core.windows import expire_windows, next_return, record_windows
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -196,6 +199,9 @@ class Reconciliation:
     # Retry holds (by id) a retry waiting for its devices counts on in this pass.
     holds_in_use: set[int] = field(default_factory=set)
     envelope_uid: str = ""  # the envelope's UID: a claim's status is bound to it
+    # Every resource's contract (reservoir.core.contracts), and the Reusable ones.
+    contracts: Contracts = field(default_factory=dict)
+    reusable: frozenset[str] = frozenset()
     # claim uid -> why it is set aside: bound to an earlier envelope of the same name
     replaced: dict[str, str] = field(default_factory=dict)
 
@@ -215,6 +221,8 @@ def reconcile(
     dimensions = frozenset(envelope.spec.capacity)
     result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
     result.devices_seen = devices or {}
+    result.contracts = resolve(dimensions, envelope.spec.contracts)
+    result.reusable = reusable(result.contracts)
     ledger = result.status
     # 0. Where its capacity comes from: recorded once, before any claim is admitted on it.
     if ledger.parent is None and ledger.phase is EnvelopePhase.OPEN:
@@ -224,7 +232,7 @@ def reconcile(
     if parent is None and envelope.spec.parent is not None:  # named, but not found
         parent = ParentView(ParentKind.ENVELOPE, envelope.spec.parent)
         envelope = replace(envelope, parent=parent)
-    drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now)
+    drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now, envelope.spec.contracts)
     ledger.parent = drawn.record
     ledger.queue_reason = bounded(drawn.waiting, MESSAGE_LENGTH) if drawn.waiting else None
     deleted_itself = envelope.deleting
@@ -274,6 +282,10 @@ def reconcile(
                 f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
             )
     committed = dict(ledger.totals.committed)
+    if ledger.closed_at is None:
+        # A Replenishing resource's consumption returns once its window has passed (a
+        # closed envelope's balance is recorded: it no longer moves).
+        committed, ledger.windows = expire_windows(committed, ledger.windows, result.contracts, now)
     # What a late completion may be charged from: the balance as last written (nothing in
     # steps 1 and 2 draws it down), only while the envelope is open.
     room = dict(ledger.totals.available) if renewals_open and result.admitted else None
@@ -286,13 +298,15 @@ def reconcile(
             if entry.phase.terminal:
                 # Settled and gone: pruned below, once its devices are known to be free.
                 _keep_or_release_devices(result, uid, entry)
-                step = Step(entry, _gone(uid, entry, envelope), now)
+                step = Step(entry, _gone(uid, entry, envelope), now, reusable=result.reusable)
                 close_retry_window(step, renewals_open)
                 result.events += step.events
                 continue
             facts = _gone(uid, entry, envelope)
         was_settled, was_adjusted = entry.settlement is not None, entry.adjustment is not None
-        result.events += advance(entry, facts, policy, now, renewals_open, dimensions, room)
+        result.events += advance(
+            entry, facts, policy, now, renewals_open, dimensions, room, reusable=result.reusable
+        )
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
         if not was_adjusted:
@@ -316,7 +330,9 @@ def reconcile(
             or not late_answer_wanted(record)
             or _has_room_for(ledger, record, dimensions)
         )
-        events = advance(record, facts, policy, now, renewals_open, dimensions, room, adjust)
+        events = advance(
+            record, facts, policy, now, renewals_open, dimensions, room, adjust, result.reusable
+        )
         if record == facts.settled_record:
             continue  # nothing new: its status already says all of it
         result.events += events
@@ -332,6 +348,7 @@ def reconcile(
         ledger.children,
         now,
         committed,
+        contracts=envelope.spec.contracts,
     )
     children_by_uid = {c.uid: c for c in envelope.children}
     settle_children(children, children_by_uid, envelope.force_settle_gone)
@@ -404,14 +421,23 @@ def reconcile(
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
+    if ledger.closed_at is None:
+        ledger.windows = record_windows(committed, ledger.windows, result.contracts, now)
     ledger.totals = _totals(envelope, committed, ledger)
+    ledger.contracts = types(result.contracts)
+    ledger.peak = raise_peak(ledger.peak, ledger.totals, result.contracts)
     _envelope_lifecycle(result, envelope, now)
     ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
     lookups = _next_lookups(result, envelope, facts_by_uid)
     result.wake_at = min(
         (
             m
-            for m in (next_deadline(result, envelope, waiting), ttl_moment, lookups)
+            for m in (
+                next_deadline(result, envelope, waiting),
+                ttl_moment,
+                lookups,
+                next_return(ledger.windows) if ledger.closed_at is None else None,
+            )
             if m is not None
         ),
         default=None,
@@ -513,6 +539,25 @@ def _keep_or_release_devices(
     if held is None:
         if policy is not None:
             _devices_at_dispatch(result, uid, entry, facts, policy, seen)
+        return
+    if entry.phase.holds_capacity and entry.work_ended_at is not None:
+        # Its work is over, its usage still unknown: the devices go now, and count as
+        # free once the scheduler confirms it (issue 22: they follow the scheduler).
+        if not held.released and (seen is None or not seen.allocated):
+            held.released = True
+            entry.reusable_returned = add(
+                entry.reusable_returned,
+                {k: Decimal(v) for k, v in device_counts(entry.reserved).items()},
+            )
+            result.events.append(
+                LedgerEvent(
+                    uid,
+                    entry.claim,
+                    "DevicesReleased",
+                    f"devices {', '.join(held.devices)} on {held.node} are free again "
+                    "(the work is over; its usage is still awaited)",
+                )
+            )
         return
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
@@ -647,7 +692,7 @@ def _close_unadmitted(
     gets a ledger entry only while there is plenty of room; otherwise the verdict is
     recorded in the claim's status alone: it moves no capacity either way."""
     entry = _new_entry(facts, {})
-    step = Step(entry, facts, result.now, result.dimensions)
+    step = Step(entry, facts, result.now, result.dimensions, result.reusable)
     # Usage from a claim that never held anything is all excess: an overrun, kept for
     # people to see and never charged to the envelope.
     record_usage(step)
@@ -950,6 +995,7 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
         available=one_line(ledger.totals.available),
         committed=one_line(ledger.totals.committed),
         live=sum(1 for e in ledger.entries.values() if e.phase.holds_capacity),
+        contracts=bounded(summary(result.contracts), SUMMARY_LENGTH),
     )
     open_ = ledger.phase is EnvelopePhase.OPEN
     ledger.conditions = merge_conditions(

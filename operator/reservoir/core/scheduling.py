@@ -257,10 +257,10 @@ class Affinity(CoreModel):
 # The most bytes the JSON of a claim's spec.placement, and of any spec of the three kinds,
 # can take at every bound, computed from the generated schema by tests/unit/test_crds.py
 # (at this commit: placement 165,487, a claim's spec 229,143 with its compensations, an
-# envelope's 11,158, a pool's
-# 8,063). A megabyte spec is refused by the API server; metadata is bounded by it too
-# (annotations 256 KiB). Statuses are the operator's, kept small by its ledger byte budget
-# (reservoir.core.ledgersize) below etcd's 1.5 MiB: their schema bound is far larger (an
-# envelope's, 512 entries at every bound, about 27 MB; a claim's about 175 KB).
+# envelope's 11,158, a pool's 8,063). A megabyte spec is refused by the API server;
+# metadata is bounded by it too (annotations 256 KiB). Statuses are the operator's, kept
+# small by its ledger byte budget (reservoir.core.ledgersize) below etcd's 1.5 MiB: their
+# schema bound is far larger (an envelope's, 512 entries at every bound, about 27 MB; a
+# claim's about 175 KB).
 SCHEDULING_WORST_CASE_BYTES = 170_000
 SPEC_WORST_CASE_BYTES = 240_000
