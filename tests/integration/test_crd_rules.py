@@ -412,7 +412,6 @@ SETTLEMENT: JsonDict = {
     "at": "2026-01-01T00:00:00Z",
 }
 
-COMPENSATION: JsonDict = {"key": "void-1", "charge": {}, "refund": {"cost": "1"}, "reason": "void"}
 
 
 @dataclass(frozen=True)
@@ -617,13 +616,6 @@ CASES = [
          unchanged("spec", "upstream", "state"),
          spec={"upstream": {"state": "Submitted"}}, reads=NEVER_RAN_READS[1:],
          detours=NEVER_RAN_DETOURS, admission=True, deleting=True),
-    # A compensation sent is never changed or removed (issue 22): it may have been applied.
-    Case("compensation-removed", "BranchClaim", ("spec", "compensations"), "append-only",
-         {"spec": {"compensations": []}}, unchanged("spec", "compensations"),
-         spec={"compensations": [COMPENSATION]}),
-    Case("compensation-edited", "BranchClaim", ("spec", "compensations"), "append-only",
-         {"spec": {"compensations": [{**COMPENSATION, "refund": {"cost": "9"}}]}},
-         unchanged("spec", "compensations"), spec={"compensations": [COMPENSATION]}),
 ]  # fmt: skip
 
 # Rules without oldSelf: a forbidden value, by kind and a part of the rule's message. The
@@ -655,11 +647,6 @@ STATELESS_EXAMPLES = [
         "ReservationEnvelope",
         "statusURL names {operationId}",
         {"policy": {"provider": {"statusURL": "https://provider.example/ops"}}},
-    ),
-    (
-        "BranchClaim",
-        "each compensation has its own key",
-        {"compensations": [COMPENSATION, {**COMPENSATION, "reason": "sent again"}]},
     ),
     ("ReservationPool", "resource names look like", {"capacity": {"tok ens!": "1"}}),
     (
