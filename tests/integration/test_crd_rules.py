@@ -413,7 +413,6 @@ SETTLEMENT: JsonDict = {
 }
 
 
-
 @dataclass(frozen=True)
 class Case:
     """A valid starting object and a change that only the rule at `rule_at` refuses."""
