@@ -111,7 +111,7 @@ from reservoir.core.provider import (
     needs_lookup,
 )
 from reservoir.core.text import MESSAGE_LENGTH, bounded
-from reservoir.core.windows import expire_windows, next_return, record_windows
+from reservoir.core.windows import expire_windows, next_return, record_windows, refill_note
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -853,6 +853,11 @@ def _admit_one(
         if policy.fallback is Fallback.FAIL:
             _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
             return blocked_by
+        if decision.reason == "InsufficientCapacity":
+            refill = refill_note(shortage(spec.requests, available), result.status.windows)
+            if refill:
+                message = bounded(f"{decision.message} ({refill})", MESSAGE_LENGTH)
+                decision = replace(decision, message=message)
         result.pending[facts.uid] = decision
         if decision.reason == "InsufficientCapacity" and result.short is None:
             result.short = (facts, shortage(spec.requests, available))

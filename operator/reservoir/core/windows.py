@@ -19,6 +19,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.model import WINDOW_SLICES, Contract, ContractType, WindowSlice
+from reservoir.core.quantity import format_quantity
 
 ZERO = Decimal(0)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -104,3 +105,17 @@ def next_return(windows: Windows) -> datetime | None:
 
 def in_window(windows: Windows) -> dict[str, Decimal]:
     return {name: sum((s.amount for s in slices), ZERO) for name, slices in windows.items()}
+
+
+def refill_note(short: Mapping[str, Decimal], windows: Windows) -> str:
+    """For a claim short of Replenishing resources: when their windows give some back."""
+    parts = []
+    for name in sorted(short):
+        slices = windows.get(name)
+        if slices:
+            first = min(slices, key=lambda s: s.returns_at)
+            parts.append(
+                f"{name} is a rate limit: {format_quantity(first.amount)} comes back at "
+                f"{first.returns_at.strftime('%Y-%m-%dT%H:%M:%SZ')}"
+            )
+    return "; ".join(parts)
