@@ -229,7 +229,7 @@ def test_a_replenishing_budget_refuses_past_its_window_and_admits_after_it() -> 
     assert sim.phase("r3") is ClaimPhase.PENDING
     assert sim.last is not None and sim.last.pending["r3"].reason == "InsufficientCapacity"
     when = first_return.strftime("%Y-%m-%dT%H:%M:%SZ")
-    assert f"requests is a rate limit: 1 comes back at {when}" in sim.last.pending["r3"].message
+    assert f"requests is a rate limit: 3 comes back at {when}" in sim.last.pending["r3"].message
     assert sim.last.wake_at is not None and sim.last.wake_at <= first_return
     # Never early: a whole window after the settlements nothing has come back yet ...
     sim.now = first_return - timedelta(microseconds=1)
