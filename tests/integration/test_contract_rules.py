@@ -257,6 +257,8 @@ def test_compensations_are_appended_never_changed_or_removed(
         [first, {**second, "charge": {"tokens": "300"}}],  # changed in place
         [first, {**second, "reason": "another reason"}],
         [first, {**second, "key": "charge-2"}],  # renamed
+        [second, first],  # reordered: the order decides what a capped refund gives back
+        [compensation("charge-0", charge={"tokens": "1"}), first, second],  # put in front
     ):
         refused(
             cluster, APPEND_ONLY, "patch", "bclaim", "c", "-n", ns, "--type=merge",

@@ -24,6 +24,7 @@ from reservoir.core.ledger import ZERO
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
     MAX_COMPENSATIONS,
+    ClaimPhase,
     CompensationRecord,
     ReservationEnvelopeSpec,
 )
@@ -105,18 +106,38 @@ def test_a_refund_counts_a_follow_up_charge_and_stays_within_what_was_charged() 
     assert committed(sim, "tokens") == ZERO
 
 
-def test_a_charge_takes_at_most_what_the_envelope_has_available() -> None:
+def test_a_charge_waits_for_room_with_first_call_on_what_comes_back() -> None:
+    """Found by review: a charge was capped by what was available when it came and its key
+    recorded as done, so a tenant dodged an invoice by holding its budget for a moment."""
     sim = settled()
     sim.create("b", {"tokens": "60"}).reconcile()  # holds 60: 10 tokens available
     assert sim.available() == "10"
-    ask(sim, "late-invoice", tokens="25", cost="1").reconcile()
+    ask(sim, "late-invoice", tokens="25", cost="1").reconcile().reconcile()
+    assert records(sim) == []  # waits, unrecorded
+    assert committed(sim, "tokens") == Decimal(30)
+    # What comes back goes to the charge first: a new claim is not admitted ahead of it.
+    sim.tick().create("c", {"tokens": "60"}).cancel("b").reconcile()
+    sim.reconcile()
     (record,) = records(sim)
-    assert record.applied and record.charged == {"tokens": Decimal(10), "cost": Decimal(1)}
-    assert record.note is not None and "charged 10 of 25" in record.note
-    assert sim.available() == "0" and committed(sim, "tokens") == Decimal(40)
-    # Nothing available at all: recorded, not applied.
-    ask(sim, "more", tokens="5").reconcile().mirror().reconcile()
-    assert not records(sim)[1].applied and committed(sim, "tokens") == Decimal(40)
+    assert record.applied and record.charged == {"tokens": Decimal(25), "cost": Decimal(1)}
+    assert committed(sim, "tokens") == Decimal(55)
+    # 70 came back: c (60) is not admitted ahead of the charge (25), which leaves 45.
+    assert sim.phase("c") is ClaimPhase.PENDING and sim.available() == "45"
+
+
+def test_at_its_last_call_a_charge_takes_what_there_is_and_the_rest_is_recorded() -> None:
+    sim = settled()
+    sim.create("b", {"tokens": "60"}).reconcile()
+    ask(sim, "late-invoice", tokens="80").reconcile()
+    assert records(sim) == []
+    sim.close().reconcile()  # b still holds: the envelope waits, and so does the charge
+    assert records(sim) == [] and sim.status.closed_at is None
+    sim.cancel("b").reconcile().reconcile()  # nothing held: the last call, then the close
+    (record,) = records(sim)
+    assert record.applied and record.charged == {"tokens": Decimal(70)}
+    assert record.note is not None and "charged 70 of 80" in record.note
+    assert sim.status.closed_at is not None
+    assert sim.status.balance_released.get("tokens", ZERO) == ZERO
 
 
 def test_only_consumable_resources_move_and_the_others_are_named() -> None:
@@ -163,7 +184,11 @@ def test_a_compensation_on_an_unsettled_claim_waits_for_its_settlement() -> None
     ask(sim, "early", {"tokens": "5"}).reconcile().reconcile()
     assert records(sim) == [] and committed(sim, "tokens") == ZERO
     sim.update("a", usage={"tokens": "30"}, final=True, outcome="Succeeded").reconcile()
-    # Settled and compensated in one pass: C=30, then 5 given back.
+    # Settled in one pass (C=30), compensated in the next, on the balance written then
+    # (found by review: in the settling pass the balance was the one before R − C returned).
+    assert committed(sim, "tokens") == Decimal(30) and records(sim) == []
+    assert sim.last is not None and sim.last.wake_at == sim.now
+    sim.reconcile()
     assert committed(sim, "tokens") == Decimal(25)
     assert [r.key for r in records(sim)] == ["early"]
 
@@ -238,7 +263,18 @@ class Writer:
         elif action[0] == "free" and "b" in sim.claims:
             sim.cancel("b")
 
+    def drain(self) -> None:
+        """Every pass lands."""
+        for _ in range(4):
+            self.sim.reconcile().mirror()
+
     def settle(self) -> None:
+        """Every pass lands; then the envelope closes (a charge that waited for room has
+        its last call on the balance once nothing is held)."""
+        self.drain()
+        if "b" in self.sim.claims:
+            self.sim.cancel("b")
+        self.sim.close()
         for _ in range(4):
             self.sim.reconcile().mirror()
 
@@ -295,8 +331,9 @@ def test_coalesced_and_crashed_histories_record_what_a_step_by_step_one_does(
         crashed.step(action, asked_crashed)
         if action[0] == "ask":
             reference.step(action, asked_reference)
-            reference.settle()
+            reference.drain()
     crashed.settle()
+    reference.settle()
     assert outcome(crashed.sim) == outcome(reference.sim)
     assert crashed.sim.status.totals == reference.sim.status.totals
 
@@ -387,7 +424,9 @@ def test_history_and_ledger_show_compensations_applied_recorded_and_waiting() ->
     view = EnvelopeView(name="env", namespace="ns", status=sim.status)
     shown = "\n".join(envelope_ledger(view))
     assert "compensations:\n  a: compensation void-1" in shown
-    sim.close().reconcile().mirror().reconcile()  # recorded only, off the ledger
-    record = records(sim)[-1]
-    assert not record.applied
+    sim.close().reconcile().mirror().reconcile()  # applied while closing, then closed
+    assert records(sim)[-1].applied and sim.status.closed_at is not None
+    ask(sim, "after-close", tokens="1").reconcile().mirror().reconcile()
+    record = records(sim)[-1]  # recorded only, off the ledger
+    assert record.key == "after-close" and not record.applied
     assert "recorded only (not applied to the envelope)" in compensation_line(record)

@@ -10,7 +10,7 @@ through the pure core, every settlement path, with intermediate states skipped."
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
@@ -25,10 +25,11 @@ from reservoir.core.model import (
     ContractType,
     EnvelopePhase,
     ProviderState,
+    WindowSlice,
 )
 from reservoir.core.provider import ProviderAnswer
-from reservoir.core.windows import slice_of
-from tests.unit.sim import Sim
+from reservoir.core.windows import record_windows, slice_of
+from tests.unit.sim import T0, Sim
 from tests.unit.tree_sim import POOL, Run, World, lending
 
 GPU = "nvidia.com/gpu"
@@ -463,3 +464,100 @@ def test_a_loan_of_a_reusable_resource_ends_with_the_borrowers_claim() -> None:
     assert run.totals("lender").committed["concurrency"] == 0
     assert run.totals("planner").committed == {"concurrency": 0, "tokens": 2}
     assert run.totals("planner").available["concurrency"] == 4
+
+
+# --- found by review (issue 22), each a history the schema accepts -----------------------
+
+
+def test_a_failed_attempts_retry_hold_never_keeps_a_permit_returned_early() -> None:
+    sim = Sim({"concurrency": "1", "tokens": "100"}, default_lease_seconds=5)
+    sim.create("a", {"concurrency": "1", "tokens": "20"}, upstream=JOB, retryWindowSeconds=300)
+    sim.reconcile().dispatch("a").reconcile().tick(6).reconcile()
+    sim.provider("a", ProviderAnswer(state=ProviderState.FAILED)).reconcile()
+    sim.provider("a", None).tick().create("b", {"concurrency": "1", "tokens": "10"}).reconcile()
+    assert sim.phase("b") is ClaimPhase.TENTATIVE  # on the permit a's work gave back
+    sim.usage("a", "5", final=True, outcome="Failed").tick().reconcile()  # raised before
+    retry = sim.entry("a").retry
+    assert retry is not None and retry.resources == {"tokens": Decimal(15)}
+    assert sim.total("reserved", "concurrency") == "1"  # b's, once
+
+
+def test_a_late_completion_leaves_a_replenishing_charge_to_its_window() -> None:
+    sim = Sim(
+        {"requests": "10", "tokens": "100"},
+        contracts={"requests": {"type": "Replenishing", "windowSeconds": 60}},
+        at_ambiguity_deadline="Quarantine",
+    )
+    sim.create("a", {"requests": "10", "tokens": "20"}).reconcile()
+    sim.dispatch("a").reconcile().tick(120).reconcile().tick(700).reconcile()
+    assert sim.total("committed", "requests") == "10"
+    sim.tick(200).reconcile()  # the window passes: the 10 requests are back
+    sim.usage("a", "5", final=True, requests="2").reconcile()  # the late report (raised)
+    adjustment = sim.entry("a").adjustment
+    assert adjustment is not None and adjustment.returned == {"tokens": Decimal(15)}
+    assert sim.total("committed", "requests") == "0"
+    assert sim.total("available", "requests") == "10"
+
+
+def test_a_refund_then_a_late_completion_never_takes_a_charge_below_zero() -> None:
+    sim = Sim({"tokens": "100"}, at_ambiguity_deadline="Quarantine")
+    sim.create("a", {"tokens": "20"}).tick().create("b", {"tokens": "30"}).reconcile()
+    sim.dispatch("a").dispatch("b").usage("b", "30", final=True).reconcile()
+    sim.tick(120).reconcile().tick(700).reconcile()  # a: quarantined, 20 charged
+    refund = {"key": "r", "refund": {"tokens": "20"}, "reason": "refunded"}
+    sim.update("a", compensations=[refund]).reconcile().reconcile()
+    assert sim.total("committed") == "30"  # b's 30 and a's 20 − 20
+    sim.usage("a", "5", final=True).reconcile()
+    adjustment = sim.entry("a").adjustment
+    assert adjustment is not None and adjustment.returned == {}
+    assert sim.total("committed") == "30"
+
+
+def test_a_gone_child_force_settled_gives_its_reusable_capacity_back() -> None:
+    world = World()
+    run = Run(world)
+    run.books.check = lambda: None  # type: ignore[method-assign]  # refuses the hand-removed child
+    world.create_envelope("planner", {"concurrency": 4, GPU: 8, "tokens": 100})
+    world.create_envelope("sub", {"concurrency": 2, GPU: 8, "tokens": 60}, parent="planner")
+    run.settle()
+    run.remove_finalizer_by_hand("sub")
+    world.force_settle_gone("planner", "sub")
+    run.settle()
+    totals = run.totals("planner")
+    assert totals.committed == {"concurrency": 0, GPU: 0, "tokens": 60}
+    assert totals.available == {"concurrency": 4, GPU: 8, "tokens": 40}
+
+
+def test_a_clock_that_goes_back_never_returns_a_consumption_early() -> None:
+    contracts = {"requests": Contract(type=ContractType.REPLENISHING, window_seconds=60)}
+    start = T0 + timedelta(minutes=10)
+    committed: dict[str, Decimal] = {"requests": Decimal(0)}
+    windows: dict[str, list[WindowSlice]] = {}
+    made: list[datetime] = []
+    now = start
+    for _ in range(16):  # one request per pass, the clock 5 s further back each pass
+        committed = {"requests": committed["requests"] + 1}
+        windows = record_windows(committed, windows, contracts, now)
+        made.append(now)
+        now -= timedelta(seconds=5)
+    assert len(windows["requests"]) <= WINDOW_SLICES + 1
+    # Each request returns no earlier than a window after it was committed: the k-th
+    # latest-returning unit belongs to at most the k-th latest commit.
+    units = sorted(s.returns_at for s in windows["requests"] for _ in range(int(s.amount)))
+    for returns_at, committed_at in zip(units, sorted(made), strict=True):
+        assert returns_at >= committed_at + timedelta(seconds=60)
+
+
+def test_reusable_capacity_a_ledger_committed_before_its_contract_comes_back() -> None:
+    """Written before contracts, a ledger had GPUs committed for good (the issue's bug)."""
+    sim = Sim({GPU: "8", "tokens": "100"}).reconcile()
+    old = sim.status.totals.model_copy(
+        update={
+            "committed": {GPU: Decimal(4), "tokens": Decimal(3)},
+            "available": {GPU: Decimal(4), "tokens": Decimal(97)},
+        }
+    )
+    sim.status = sim.status.model_copy(update={"totals": old})
+    sim.tick().reconcile()
+    assert sim.total("committed", GPU) == "0" and sim.total("available", GPU) == "8"
+    assert sim.total("committed") == "3"

@@ -80,6 +80,10 @@ def resources(pairs: Sequence[str]) -> dict[str, str]:
         name, sep, amount = pair.partition("=")
         if not sep or not name or not amount:
             raise ReservoirError(f"{pair!r}: expected RESOURCE=QUANTITY, e.g. tokens=20k")
+        if name in parsed:
+            # The last one would win silently (found by review: a refund then a charge of
+            # the same resource sent only the charge).
+            raise ReservoirError(f"{name} is given twice ({parsed[name]} and {amount}): once")
         parsed[name] = amount
     return parsed
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
-from reservoir.core.contracts import mismatch, resolve
+from reservoir.core.contracts import mismatch, resolve, reusable
 from reservoir.core.ledger import ZERO, add, fits, nonzero, render, subtract, within
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
@@ -154,6 +154,10 @@ def _settle(
     message: str,
 ) -> None:
     entry.phase = ChildPhase.SETTLED
+    # A Reusable resource is never spent: a child (even one gone and force-settled) gives
+    # all of it back (found by review: a gone child's GPUs were committed for good).
+    kept = reusable(resolve(entry.reserved, ledger.contracts))
+    consumed = {k: v for k, v in consumed.items() if k not in kept}
     entry.consumed = nonzero(consumed)
     entry.released = {
         k: v for k, v in subtract(entry.reserved, consumed).items() if v != ZERO or k in consumed

@@ -8,10 +8,14 @@ Only Consumable resources move: a Reusable one (devices, permits) was never char
 Replenishing one comes back with its window; what is asked of them is recorded, not
 applied. A refund gives back at most what the claim was charged net (its consumption, an
 applied late adjustment and the compensations applied before it), so a claim's charge
-never goes below zero; a charge takes at most what the envelope has available (`room`, as
-a late completion's adjustment does, drawn down). While the envelope is not open (closed,
-expired, deleting: `room` is None) a compensation is recorded only. One asked of a claim
-that has not settled waits for its settlement: nothing is recorded before.
+never goes below zero. A charge the envelope has not the room for waits, unrecorded, with
+first call on what comes back (the admission of new claims leaves it aside: a tenant cannot
+dodge an invoice by holding its budget, found by review); at the last call (the envelope
+closing, nothing held any more) it takes what there is and records the rest as not
+charged. Once the envelope has closed (`room` is None) a compensation is recorded only.
+Compensations apply in the order sent (the API server keeps the list's order): one that
+waits holds back those after it. One asked of a claim that has not settled waits for its
+settlement: nothing is recorded before.
 
 Exactly once across crashes: a record that moves capacity is written in the envelope's
 ledger together with the committed total it changes (one status write), and its key then
@@ -28,7 +32,7 @@ from decimal import Decimal
 from reservoir.core.contracts import default_contract
 from reservoir.core.ledger import ZERO, add, positive, render, subtract
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes
-from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
+from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, charged_now
 from reservoir.core.model import (
     Compensation,
     CompensationRecord,
@@ -51,6 +55,8 @@ class Moved:
     charged: dict[str, Decimal] = field(default_factory=dict)
     refunded: dict[str, Decimal] = field(default_factory=dict)
     events: list[LedgerEvent] = field(default_factory=list)
+    # A charge waiting for room: new claims are admitted only past it.
+    waiting: dict[str, Decimal] = field(default_factory=dict)
 
     @property
     def moves(self) -> bool:
@@ -59,19 +65,6 @@ class Moved:
     def committed(self, committed: Mapping[str, Decimal]) -> dict[str, Decimal]:
         """The committed total once these moves are applied."""
         return subtract(add(committed, self.charged), self.refunded)
-
-
-def charged_net(entry: LedgerEntry) -> dict[str, Decimal]:
-    """What the claim is charged now, per resource: its consumption, plus an applied late
-    adjustment, plus the compensations applied so far."""
-    net = dict(entry.consumed)
-    adjustment = entry.adjustment
-    if adjustment is not None and adjustment.applied:
-        net = subtract(add(net, adjustment.charged), adjustment.returned)
-    for record in entry.compensations:
-        if record.applied:
-            net = subtract(add(net, record.charged), record.refunded)
-    return net
 
 
 def waiting(entry: LedgerEntry, asked: Sequence[Compensation]) -> list[Compensation]:
@@ -90,6 +83,7 @@ def compensate(
     dimensions: frozenset[str],
     room: dict[str, Decimal] | None,
     now: datetime,
+    last_call: bool = False,
 ) -> Moved:
     """Record (and apply, while `room` is not None) the compensations `facts` asks that
     `entry` has not recorded, in place. `declared`: the envelope's spec.contracts;
@@ -104,17 +98,23 @@ def compensate(
     if not todo:
         return Moved()
     balance = dict(room) if room is not None else None
-    net = charged_net(entry)
+    net = charged_now(entry)
     records: list[CompensationRecord] = []
     moved = Moved()
     for asked in todo:
-        record = _one(asked, net, balance, declared, dimensions, now)
+        record = _one(asked, net, balance, declared, dimensions, now, last_call)
+        if record is None:
+            # It waits for room, and so do those sent after it (in order, always).
+            moved.waiting = {k: v for k, v in asked.charge.items() if k in dimensions and v > ZERO}
+            break
         records.append(record)
         if record.applied:
             net = subtract(add(net, record.charged), record.refunded)
             moved.charged = add(moved.charged, record.charged)
             moved.refunded = add(moved.refunded, record.refunded)
         moved.events.append(_event(facts, record))
+    if not records:
+        return moved
     candidate = entry.model_copy(update={"compensations": [*entry.compensations, *records]})
     in_ledger = facts.uid in ledger.entries or moved.moves
     if in_ledger and not _fits(ledger, facts.uid, candidate, dimensions):
@@ -140,9 +140,11 @@ def _one(
     declared: Mapping[str, Contract],
     dimensions: frozenset[str],
     now: datetime,
-) -> CompensationRecord:
+    last_call: bool = False,
+) -> CompensationRecord | None:
     """One compensation against the claim's net charge and the envelope's balance (None:
-    not open, recorded only). `balance` is drawn down (or grown) when it applies."""
+    closed, recorded only). `balance` is drawn down (or grown) when it applies. None: a
+    charge the balance has not the room for, before the last call: it waits."""
     notes: list[str] = []
     refunded: dict[str, Decimal] = {}
     charged: dict[str, Decimal] = {}
@@ -162,6 +164,8 @@ def _one(
         taken = amount
         if balance is not None:
             available = max(balance.get(resource, ZERO) + refunded.get(resource, ZERO), ZERO)
+            if available < amount and not last_call:
+                return None
             taken = min(amount, available)
             if taken < amount:
                 notes.append(

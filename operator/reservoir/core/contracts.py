@@ -102,3 +102,11 @@ def raise_peak(
         )
         result[name] = max(result.get(name, Decimal(0)), in_use)
     return result
+
+
+def uncommit_reusable(
+    committed: Mapping[str, Decimal], reusable_names: frozenset[str]
+) -> dict[str, Decimal]:
+    """The committed total with nothing of a Reusable resource: under its contract nothing
+    of it is ever spent, so an amount there was recorded before the contract existed."""
+    return {k: (Decimal(0) if k in reusable_names else v) for k, v in committed.items()}

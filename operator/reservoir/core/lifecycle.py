@@ -163,6 +163,9 @@ class Step:
     # The envelope's Reusable resources (reservoir.core.contracts): all of R returns when
     # the claim ends, and usage reported for them is occupancy, never a charge.
     reusable: frozenset[str] = frozenset()
+    # Its Replenishing resources: what they commit returns with its window, so a late
+    # completion never adjusts them (the window may have returned the charge already).
+    windowed: frozenset[str] = frozenset()
     events: list[LedgerEvent] = field(default_factory=list)
     # This pass recorded a terminal answer that says what was used: the claim settles on it.
     answer_settles: bool = False
@@ -237,7 +240,15 @@ def settle(
     # Devices are held by their allocation, not by the ledger: they stay counted until the
     # scheduler confirms the release (ledger.devices_in_use), and a next attempt gets its
     # own allocation; kept for a retry too, they were counted twice (found by review).
-    returned = {k: v for k, v in positive(entry.released).items() if k not in DEVICE_CLASSES}
+    # Only what it did not consume: a Reusable resource (a permit, a slot) is not spent, so
+    # a next attempt queues for one like any claim. Kept, it differed with what the operator
+    # saw: a permit returned when the provider said the work was over was kept again when
+    # the final report came in the same look (found by review: reconcile raised).
+    returned = {
+        k: v
+        for k, v in positive(entry.released).items()
+        if k not in DEVICE_CLASSES and k not in step.reusable
+    }
     if outcome is Outcome.FAILED and window is not None and returned:
         # A failed attempt keeps what it did not use for the branch's next attempt.
         entry.retry = RetryHold(resources=returned, until=step.now + timedelta(seconds=window))
@@ -309,6 +320,7 @@ def advance(
     room: dict[str, Decimal] | None = None,
     adjust: bool = True,
     reusable: frozenset[str] = frozenset(),
+    windowed: frozenset[str] = frozenset(),
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
@@ -316,8 +328,8 @@ def advance(
     resources, the only ones reports are recorded over. `room` is what the envelope has
     available for a late completion's charge (drawn down here); None: it cannot adjust,
     only record. `adjust` False defers a late completion to a later pass altogether.
-    `reusable` are the envelope's Reusable resources."""
-    step = Step(entry, facts, now, dimensions, reusable)
+    `reusable` and `windowed` are the envelope's Reusable and Replenishing resources."""
+    step = Step(entry, facts, now, dimensions, reusable, windowed)
     if entry.phase.terminal:
         record_answer(step, policy)
         record_after_settlement(step)
@@ -916,10 +928,20 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
     used = {
         k: min(max(usage.get(k, ZERO), entry.usage.get(k, ZERO)), r)
         for k, r in entry.reserved.items()
-        if k not in step.reusable  # never charged: nothing to adjust
+        # Reusable: never charged. Replenishing: returned by its window (found by review:
+        # returned twice once the window had passed).
+        if k not in step.reusable and k not in step.windowed
     }
     applied = policy.late_completion is LateCompletion.ADJUST and room is not None
-    returned = positive(subtract(entry.consumed, used))
+    # Never more than the claim is charged now: a compensation may have refunded part of
+    # its charge already (found by review: a refund then the late report went below zero).
+    net = charged_now(entry)
+    was_charged = {k: v for k, v in entry.consumed.items() if k in used}
+    returned = {
+        k: min(v, max(net.get(k, ZERO), ZERO))
+        for k, v in positive(subtract(was_charged, used)).items()
+    }
+    returned = positive(returned)
     owed = positive(subtract(used, entry.consumed))
     charged = {k: min(v, (room or {}).get(k, ZERO)) if applied else v for k, v in owed.items()}
     charged = positive(charged)
@@ -937,6 +959,19 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
         + ("" if applied else " (recorded only: policy Record, or the envelope is not open)"),
         warning=True,
     )
+
+
+def charged_now(entry: LedgerEntry) -> dict[str, Decimal]:
+    """What a settled claim is charged now, per resource: its consumption, plus an applied
+    late adjustment, plus the compensations applied so far."""
+    net = dict(entry.consumed)
+    adjustment = entry.adjustment
+    if adjustment is not None and adjustment.applied:
+        net = subtract(add(net, adjustment.charged), adjustment.returned)
+    for record in entry.compensations:
+        if record.applied:
+            net = subtract(add(net, record.charged), record.refunded)
+    return net
 
 
 def close_retry_window(step: Step, open_now: bool) -> None:

@@ -1541,9 +1541,13 @@ class BranchClaimSpec(Model):
             "default": [],
             "x-kubernetes-validations": [
                 {
-                    "rule": "size(self) >= size(oldSelf) && oldSelf.all(o, self.exists(n, n == o))",
-                    "message": "compensations are append-only: one sent is never changed or "
-                    "removed (send a new one with its own key)",
+                    # Appended at the end only: they apply in the order sent, and the order
+                    # decides what a capped refund gives back (found by review: reordered,
+                    # the same two moved different amounts).
+                    "rule": "size(self) >= size(oldSelf) && "
+                    "oldSelf.all(o, self.indexOf(o) == oldSelf.indexOf(o))",
+                    "message": "compensations are append-only: one sent is never changed, "
+                    "moved or removed (send a new one with its own key, at the end)",
                 },
                 {
                     "rule": "self.all(a, self.exists_one(b, b.key == a.key))",

@@ -19,7 +19,14 @@ from reservoir.core.budgets import (
     waiting_children,
 )
 from reservoir.core.conditions import Desired, merge_conditions
-from reservoir.core.contracts import raise_peak, resolve, summary, types
+from reservoir.core.contracts import (
+    raise_peak,
+    resolve,
+    reusable,
+    summary,
+    types,
+    uncommit_reusable,
+)
 from reservoir.core.ledger import compute_totals, one_line
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
@@ -72,6 +79,7 @@ def reconcile_pool(
     committed, ledger.windows = expire_windows(
         ledger.totals.committed, ledger.windows, contracts, now
     )
+    committed = uncommit_reusable(committed, reusable(contracts))  # as in reconcile
     children = ChildLedger(
         ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
         ledger.children,

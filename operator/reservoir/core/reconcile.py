@@ -48,7 +48,16 @@ from reservoir.core.budgets import (
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.compensation import compensate
 from reservoir.core.conditions import Desired, merge_conditions
-from reservoir.core.contracts import Contracts, raise_peak, resolve, reusable, summary, types
+from reservoir.core.contracts import (
+    Contracts,
+    of_type,
+    raise_peak,
+    resolve,
+    reusable,
+    summary,
+    types,
+    uncommit_reusable,
+)
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
 from reservoir.core.ledger import (
     ZERO,
@@ -78,6 +87,7 @@ from reservoir.core.model import (
     BranchClaimSpec,
     ChildPhase,
     ClaimPhase,
+    ContractType,
     DeviceHold,
     EnvelopePhase,
     EnvelopePolicy,
@@ -203,6 +213,10 @@ class Reconciliation:
     # Every resource's contract (reservoir.core.contracts), and the Reusable ones.
     contracts: Contracts = field(default_factory=dict)
     reusable: frozenset[str] = frozenset()
+    windowed: frozenset[str] = frozenset()  # the Replenishing ones
+    # Compensation charges waiting for room: the envelope does not close before they had
+    # their last call on its balance.
+    charges_waiting: dict[str, Decimal] = field(default_factory=dict)
     # claim uid -> why it is set aside: bound to an earlier envelope of the same name
     replaced: dict[str, str] = field(default_factory=dict)
 
@@ -224,6 +238,7 @@ def reconcile(
     result.devices_seen = devices or {}
     result.contracts = resolve(dimensions, envelope.spec.contracts)
     result.reusable = reusable(result.contracts)
+    result.windowed = of_type(result.contracts, ContractType.REPLENISHING)
     ledger = result.status
     # 0. Where its capacity comes from: recorded once, before any claim is admitted on it.
     if ledger.parent is None and ledger.phase is EnvelopePhase.OPEN:
@@ -283,13 +298,26 @@ def reconcile(
                 f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
             )
     committed = dict(ledger.totals.committed)
+    look_again: datetime | None = None
     if ledger.closed_at is None:
         # A Replenishing resource's consumption returns once its window has passed (a
         # closed envelope's balance is recorded: it no longer moves).
         committed, ledger.windows = expire_windows(committed, ledger.windows, result.contracts, now)
+        # A Reusable resource is never committed: what a ledger recorded as committed
+        # before its contract existed (every resource settled R − C) comes back.
+        committed = uncommit_reusable(committed, result.reusable)
     # What a late completion may be charged from: the balance as last written (nothing in
     # steps 1 and 2 draws it down), only while the envelope is open.
     room = dict(ledger.totals.available) if renewals_open and result.admitted else None
+    # A compensation may move the balance until the envelope has closed; closing, with
+    # nothing held any more, a charge that waits for room takes what there is.
+    comp_room = (
+        dict(ledger.totals.available) if result.admitted and ledger.closed_at is None else None
+    )
+    last_call = not renewals_open and not any(
+        e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values()
+    )
+    charges_waiting: dict[str, Decimal] = {}
 
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
     #    (its finalizer removed by hand) is advanced on what its entry recorded.
@@ -299,22 +327,41 @@ def reconcile(
             if entry.phase.terminal:
                 # Settled and gone: pruned below, once its devices are known to be free.
                 _keep_or_release_devices(result, uid, entry)
-                step = Step(entry, _gone(uid, entry, envelope), now, reusable=result.reusable)
+                step = Step(
+                    entry, _gone(uid, entry, envelope), now, None, result.reusable, result.windowed
+                )
                 close_retry_window(step, renewals_open)
                 result.events += step.events
                 continue
             facts = _gone(uid, entry, envelope)
         was_settled, was_adjusted = entry.settlement is not None, entry.adjustment is not None
         result.events += advance(
-            entry, facts, policy, now, renewals_open, dimensions, room, reusable=result.reusable
+            entry,
+            facts,
+            policy,
+            now,
+            renewals_open,
+            dimensions,
+            room,
+            reusable=result.reusable,
+            windowed=result.windowed,
         )
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
         if not was_adjusted:
             committed = _adjusted(committed, entry)
-        moved = compensate(entry, facts, envelope.spec.contracts, ledger, dimensions, room, now)
-        committed = moved.committed(committed)
-        result.events += moved.events
+        if was_settled:
+            # Not in the pass that settles it: `room` is the balance from before the
+            # settlement returned R − C, and a charge refused for it would be refused for
+            # good where an operator that saw the settlement first applies it (review).
+            moved = compensate(
+                entry, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
+            )
+            committed = moved.committed(committed)
+            charges_waiting = add(charges_waiting, moved.waiting)
+            result.events += moved.events
+        elif entry.settlement is not None and facts.spec.compensations:
+            look_again = now  # the next pass applies them, on the balance written now
         _keep_or_release_devices(result, uid, entry, facts, policy)
 
     # 2. Settled claims whose record moved to their own status: only late facts remain. A
@@ -335,10 +382,22 @@ def reconcile(
             or _has_room_for(ledger, record, dimensions)
         )
         events = advance(
-            record, facts, policy, now, renewals_open, dimensions, room, adjust, result.reusable
+            record,
+            facts,
+            policy,
+            now,
+            renewals_open,
+            dimensions,
+            room,
+            adjust,
+            result.reusable,
+            result.windowed,
         )
         # A compensation that moves capacity comes back into the ledger the same way.
-        moved = compensate(record, facts, envelope.spec.contracts, ledger, dimensions, room, now)
+        moved = compensate(
+            record, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
+        )
+        charges_waiting = add(charges_waiting, moved.waiting)
         if record == facts.settled_record:
             continue  # nothing new: its status already says all of it
         result.events += events + moved.events
@@ -368,7 +427,11 @@ def reconcile(
     open_now = result.admitted and envelope.accepting(now)
     result.events += receive_loans(ledger, envelope.siblings, open_now, now)
     consumed_loans, loan_events = settle_loans(
-        ledger, {s.uid: s for s in envelope.siblings}, envelope.force_settle_gone, now
+        ledger,
+        {s.uid: s for s in envelope.siblings},
+        envelope.force_settle_gone,
+        now,
+        result.reusable,
     )
     committed = add(committed, consumed_loans)
     result.events += loan_events
@@ -382,6 +445,12 @@ def reconcile(
     queue.sort(key=lambda item: _queue_key(item).sort_key())
     blocked_by: str | None = None
     balance = _totals(envelope, committed, ledger).available
+    # A charge waiting for room has first call on it (a tenant cannot dodge an invoice by
+    # holding its budget, nor by claiming what comes back first).
+    balance = {k: max(v - charges_waiting.get(k, ZERO), ZERO) for k, v in balance.items()}
+    result.charges_waiting = charges_waiting
+    if charges_waiting and not renewals_open:
+        look_again = now  # its last call comes once nothing is held
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     depth = ledger.parent.depth if ledger.parent is not None else 1
     # Not open yet, but it may open: it admits no child, and still records the withdrawal
@@ -446,6 +515,7 @@ def reconcile(
                 ttl_moment,
                 lookups,
                 next_return(ledger.windows) if ledger.closed_at is None else None,
+                look_again,
             )
             if m is not None
         ),
@@ -701,7 +771,7 @@ def _close_unadmitted(
     gets a ledger entry only while there is plenty of room; otherwise the verdict is
     recorded in the claim's status alone: it moves no capacity either way."""
     entry = _new_entry(facts, {})
-    step = Step(entry, facts, result.now, result.dimensions, result.reusable)
+    step = Step(entry, facts, result.now, result.dimensions, result.reusable, result.windowed)
     # Usage from a claim that never held anything is all excess: an overrun, kept for
     # people to see and never charged to the envelope.
     record_usage(step)
@@ -878,7 +948,16 @@ def _admit_one(
         )
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
-    result.events += advance(entry, facts, policy, now, envelope.accepting(now), result.dimensions)
+    result.events += advance(
+        entry,
+        facts,
+        policy,
+        now,
+        envelope.accepting(now),
+        result.dimensions,
+        reusable=result.reusable,
+        windowed=result.windowed,
+    )
     if entry.handed_off_at is not None:
         result.handed_off[facts.uid] = entry.handed_off_to or ""
     return blocked_by
@@ -956,7 +1035,8 @@ def _queue_key(item: ClaimFacts | ChildFacts) -> QueueKey:
 def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: datetime) -> None:
     ledger = result.status
     live = (
-        any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
+        bool(result.charges_waiting)
+        or any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
         or any(c.phase is ChildPhase.RESERVED for c in ledger.children.values())
         or any(loan.phase is LoanPhase.LENT for loan in ledger.loans.values())
     )

@@ -78,10 +78,14 @@ def record_windows(
         delta = committed.get(name, ZERO) - sum((s.amount for s in slices), ZERO)
         if delta > ZERO:
             start, returns_at = slice_of(now, window)
-            if slices and slices[-1].start == start:
-                slices[-1].amount += delta
+            same = [one for one in slices if one.start == start]
+            if same:
+                same[0].amount += delta
             else:
                 slices.append(WindowSlice(start=start, returns_at=returns_at, amount=delta))
+        # Given back (nothing does today: adjustments and compensations leave Replenishing
+        # resources to their window): from the slices that return last.
+        slices.sort(key=lambda one: (one.returns_at, one.start))
         while delta < ZERO and slices:
             take = min(-delta, slices[-1].amount)
             slices[-1].amount -= take
@@ -89,10 +93,13 @@ def record_windows(
             if slices[-1].amount == ZERO:
                 slices.pop()
         # Bounded: a window has WINDOW_SLICES slices and one more partly passed. More can
-        # only come from a clock that went back; the oldest merge into the next (later).
+        # only come from a clock that went back: the first to return merges into the next,
+        # which returns later, never earlier (found by review: merged by position, a
+        # consumption returned before its window had passed).
+        slices.sort(key=lambda one: (one.returns_at, one.start))
         while len(slices) > WINDOW_SLICES + 1:
-            oldest = slices.pop(0)
-            slices[0].amount += oldest.amount
+            first = slices.pop(0)
+            slices[0].amount += first.amount
         if slices:
             result[name] = slices
     return result
