@@ -1080,6 +1080,25 @@ def test_a_cancel_missed_next_to_the_final_report_is_still_recorded() -> None:
     assert left.cancel_requested == right.cancel_requested
 
 
+def test_a_cancel_while_a_pod_may_start_seen_with_the_final_report_is_recorded() -> None:
+    """Found by the audit: c0 (commit point PodRunning) gets a workload pod, is cancelled
+    while the pod may still start, then finishes without usage, all in one instant. The run
+    that saw the cancel first recorded it; the one that saw only the end did not."""
+    policy = EnvelopePolicy(default_lease_seconds=5, max_claim_lifetime_seconds=5)
+    spec = ReservationEnvelopeSpec(capacity={"tokens": 20, "gpu": 2, GPU: 2}, policy=policy)
+    history = History(
+        EnvelopeFacts(spec=spec, created_at=T0),
+        [
+            (0, [Write("create", 0, (1, 0, False, 0, "PodRunning", 0))]),
+            (0, [Write("pod", 0, 1), Write("cancel", 0), Write("finish", 0, "Succeeded")]),
+        ],
+    )
+    every_step, coalesced = play(history, only_last)
+    left, right = every_step.entry("c0"), coalesced.entry("c0")
+    assert left is not None and right is not None
+    assert left.cancel_requested and right.cancel_requested
+
+
 def test_the_audit_finds_a_bound_pod_that_runs_after_the_cancel() -> None:
     """Issue 21 §3.9, found by the audit once these histories are generated: c0
     (PodRunning, no devices) is admitted, its pod binds; then the branch is cancelled and

@@ -618,6 +618,10 @@ def advance_tentative(step: Step) -> None:
         step.move(ClaimPhase.COMMITTED, reason, "claim committed", commit_trigger(facts))
     elif spec.final:
         # A final report without any usage on a claim never dispatched: it did not run.
+        if facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
+            # The cancel asked while its pod could still start is recorded as the operator
+            # that saw the cancel first records it (found by the coalescing audit).
+            entry.cancel_requested = True
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
     elif facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
         # A workload pod that may still bind and start: the cancel cannot confirm that the
