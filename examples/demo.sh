@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `make demo`: local cluster (already up), CRDs, the operator, the example branching
-# workflow, and the envelope's ledger.
+# `make demo`: local cluster (already up), CRDs, the operator, the examples (a branching
+# workflow with concurrency permits, two 8-GPU branches in an 8-GPU envelope, a provider's
+# rate limit that refills, a planner with sub-agents) and their ledgers, which show each
+# resource's contract: Reusable, Consumable or Replenishing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export KUBECONFIG="${RESERVOIR_CLUSTER_DIR:-$PWD/.cluster}/kubeconfig"
@@ -32,12 +34,16 @@ for ns in "$namespace" "$team"; do
 done
 
 echo
-echo "== the example workflow (examples/agent_workflow.py)"
+echo "== the example workflow, with concurrency permits (examples/agent_workflow.py)"
 python examples/agent_workflow.py --namespace "$namespace"
 
 echo
-echo "== a GPU branch (examples/gpu_branch.py)"
+echo "== two 8-GPU branches, one after the other, in an 8-GPU envelope (examples/gpu_branch.py)"
 python examples/gpu_branch.py --namespace "$namespace"
+
+echo
+echo "== a provider's rate limit that refills (examples/provider_rate_limit.py)"
+python examples/provider_rate_limit.py --namespace "$namespace"
 
 echo
 echo "== a Job-backed branch settled from the Job after its worker died (examples/job_branch.py)"
@@ -51,11 +57,17 @@ echo
 echo "== kubectl get reservoir -n $namespace"
 kubectl get reservoir -n "$namespace"
 echo
-echo "== kubectl reservoir ledger research-agent -n $namespace"
+echo "== kubectl get renv -o wide -n $namespace (each resource's contract)"
+kubectl get renv -o wide -n "$namespace"
+echo
+echo "== kubectl reservoir ledger research-agent -n $namespace (Consumable tokens and cost, Reusable permits)"
 kubectl reservoir -n "$namespace" ledger research-agent
 echo
-echo "== kubectl reservoir ledger fine-tune -n $namespace"
+echo "== kubectl reservoir ledger fine-tune -n $namespace (Reusable GPUs, Consumable tokens)"
 kubectl reservoir -n "$namespace" ledger fine-tune
+echo
+echo "== kubectl reservoir ledger provider-calls -n $namespace (a Replenishing rate limit)"
+kubectl reservoir -n "$namespace" ledger provider-calls
 echo
 echo "== kubectl reservoir ledger planner -n $team (the budget tree)"
 kubectl reservoir -n "$team" ledger planner

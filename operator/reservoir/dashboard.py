@@ -204,6 +204,94 @@ def capacity_panels() -> list[Panel]:
     ]
 
 
+def contract_panels() -> list[Panel]:
+    # Each resource keeps a contract (README "Resource contracts"): what is in use of a
+    # Reusable or Replenishing resource comes back (as claims end, or as the window
+    # passes); what a Consumable one committed does not.
+    by = "namespace, envelope, resource, contract"
+    dashed = {
+        "matcher": {"id": "byRegexp", "options": "^capacity .*"},
+        "properties": [
+            {"id": "custom.lineStyle", "value": {"dash": [10, 10], "fill": "dash"}},
+        ],
+    }
+    return [
+        row("Contracts"),
+        timeseries(
+            "Reusable and Replenishing: in use, peak and capacity",
+            "What is in use now of each Reusable resource (held by claims and child envelopes, "
+            "or lent; it all comes back as they end) and Replenishing resource (held, plus "
+            "committed in the window; it comes back as the window passes), the most ever in "
+            "use at once, and the capacity (the limit per window). In use at capacity while "
+            "claims wait: ReservoirReusableSaturated, ReservoirReplenishingThrottled.",
+            [
+                (
+                    f"max by ({by}) (reservoir_envelope_in_use{{{ENVELOPE}}})",
+                    "in use {{namespace}}/{{envelope}} {{resource}} ({{contract}})",
+                ),
+                (
+                    f"max by ({by}) (reservoir_envelope_peak_in_use{{{ENVELOPE}}})",
+                    "peak {{namespace}}/{{envelope}} {{resource}} ({{contract}})",
+                ),
+                (
+                    f"max by ({by}) (reservoir_envelope_capacity{{{ENVELOPE}, "
+                    'state="capacity", contract=~"Reusable|Replenishing"})',
+                    "capacity {{namespace}}/{{envelope}} {{resource}} ({{contract}})",
+                ),
+            ],
+            overrides=[dashed],
+            w=12,
+        ),
+        timeseries(
+            "Waiting claims: shortfall by contract",
+            "What the claim at the head of each envelope's queue is short of, per resource "
+            "and contract. Reusable: it comes back as claims end (saturated). Consumable: "
+            "short of more than held claims could return means spent "
+            "(ReservoirBudgetExhausted). Replenishing: it comes back as the window passes "
+            "(throttled).",
+            [
+                (
+                    f"max by ({by}) (reservoir_envelope_shortfall{{{ENVELOPE}}}) > 0",
+                    "{{contract}} {{namespace}}/{{envelope}} {{resource}}",
+                )
+            ],
+            w=12,
+        ),
+        timeseries(
+            "Replenishing: committed in the window",
+            "What the claims of each Replenishing resource consumed that is still inside "
+            "its window, against the limit: it returns to available as the window passes.",
+            [
+                (
+                    "max by (namespace, envelope, resource) "
+                    f"(reservoir_envelope_window_committed{{{ENVELOPE}}})",
+                    "committed {{namespace}}/{{envelope}} {{resource}}",
+                ),
+                (
+                    f"max by ({by}) (reservoir_envelope_capacity{{{ENVELOPE}, "
+                    'state="capacity", contract="Replenishing"})',
+                    "capacity {{namespace}}/{{envelope}} {{resource}}",
+                ),
+            ],
+            overrides=[dashed],
+            w=12,
+        ),
+        timeseries(
+            "Reusable occupancy by settled claims",
+            "Units of each Reusable resource held times seconds (GPU-seconds, "
+            "permit-seconds), counted as claims settle, per second by workflow class: the "
+            "average number of units settled claims held.",
+            [
+                (
+                    rate("reservoir_claim_occupancy_seconds_total", NAMESPACE, "class, resource"),
+                    "{{class}} {{resource}}",
+                )
+            ],
+            w=12,
+        ),
+    ]
+
+
 def latency_panels() -> list[Panel]:
     histograms = [
         (
@@ -241,12 +329,33 @@ def right_sizing_panels() -> list[Panel]:
         row("Right-sizing"),
         timeseries(
             "Consumed / reserved (C/R) p50 / p95",
-            "Share of the reserved amount that settled claims consumed, by workflow class "
-            "and resource: a p95 well below 1 means the class asks for more than it uses "
-            "(see `kubectl reservoir recommend CLASS`).",
+            "Share of the reserved amount of Consumable and Replenishing resources that "
+            "settled claims consumed, by workflow class and resource: a p95 well below 1 "
+            "means the class asks for more than it uses (see `kubectl reservoir recommend "
+            "CLASS`). Reusable resources consume nothing: see peak in use / capacity.",
             quantiles("reservoir_claim_consumed_ratio", "class, resource", NAMESPACE, (0.5, 0.95)),
             unit="percentunit",
             maximum=1,
+            w=12,
+        ),
+        timeseries(
+            "Peak in use / capacity",
+            "Reusable and Replenishing resources: the most each envelope ever had in use at "
+            "once (within one window, for Replenishing), as a share of its capacity (the "
+            "limit). Right-sizing judges these by it, not by C/R: well below 1 means the "
+            "envelope holds more than its workflow ever uses at once; 1 means claims may "
+            "have waited.",
+            [
+                (
+                    f"max by (namespace, envelope, resource, contract) "
+                    f"(reservoir_envelope_peak_in_use{{{ENVELOPE}}}) "
+                    "/ on (namespace, envelope, resource, contract) "
+                    f"max by (namespace, envelope, resource, contract) "
+                    f'(reservoir_envelope_capacity{{{ENVELOPE}, state="capacity"}})',
+                    "{{namespace}}/{{envelope}} {{resource}} ({{contract}})",
+                )
+            ],
+            unit="percentunit",
             w=12,
         ),
         timeseries(
@@ -387,6 +496,7 @@ def dashboard() -> dict[str, Any]:
     """The Reservoir dashboard as Grafana's JSON model."""
     panels = [
         *capacity_panels(),
+        *contract_panels(),
         *latency_panels(),
         *right_sizing_panels(),
         *lease_panels(),

@@ -18,6 +18,15 @@ that goes frees its place) and `MAX_RESOURCES_PER_ENVELOPE` resources of each, t
 summed into `namespace="_other", envelope="_other"` and `resource="_other"` series
 (their per-envelope-only gauges, such as the deadline and health, are left out).
 
+Resources keep contracts (README "Resource contracts"), and the gauges say which: the
+per-resource envelope gauges carry a `contract` label (Reusable, Consumable, Replenishing;
+a fixed vocabulary, one value per resource, so it adds no label sets), and some exist only
+for some contracts: what is in use now and the most ever in use at once (Reusable and
+Replenishing), what a Replenishing resource has committed in its window. Occupancy, the
+units a Reusable resource was held times the seconds (GPU-seconds, permit-seconds), is a
+counter by class, counted at each claim's settlement. A `_other` resource has the contract
+`_other`.
+
 Gauges are floats by Prometheus' definition; the ledger itself stays exact.
 """
 
@@ -25,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -37,10 +46,19 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from reservoir import __version__
+from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.lifecycle import LedgerEvent
-from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals
+from reservoir.core.model import (
+    ClaimPhase,
+    ContractType,
+    LedgerEntry,
+    ResourceTotals,
+    WindowSlice,
+)
+from reservoir.core.rightsizing import contract_of
 
 OTHER = "_other"
+ZERO = Decimal(0)
 # Labels whose values tenants choose: bounded (see the module's docstring).
 TENANT_LABELS = frozenset({"namespace", "envelope", "class", "resource"})
 MAX_SERIES_PER_METRIC = 1000
@@ -129,10 +147,18 @@ hold = BoundedHistogram(
 )
 consumed_ratio = BoundedHistogram(
     "reservoir_claim_consumed_ratio",
-    "C/R per resource of claims settled Consumed: how much of a reservation was used. "
-    "The basis of `kubectl reservoir recommend`.",
+    "C/R per Consumable or Replenishing resource of claims settled Consumed: how much of a "
+    "reservation was used. The basis of `kubectl reservoir recommend` for Consumable "
+    "resources (a Reusable resource consumes nothing: see reservoir_envelope_peak_in_use).",
     [*CLASS, "resource"],
     buckets=(0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0),
+)
+occupancy = BoundedCounter(
+    "reservoir_claim_occupancy_seconds_total",
+    "Occupancy of Reusable resources by settled claims: units held times seconds held "
+    "(GPU-seconds, permit-seconds), counted when each claim settles. Its rate is the "
+    "average number of units settled claims held.",
+    [*CLASS, "resource"],
 )
 lease_renewals = BoundedCounter(
     "reservoir_lease_renewals_total",
@@ -153,6 +179,13 @@ overruns = BoundedCounter(
     "reservoir_claim_overruns_total",
     "Claims that reported usage above their reservation.",
     CLASS,
+)
+compensations = BoundedCounter(
+    "reservoir_compensations_total",
+    "Compensations of settled claims (reversals, voids, follow-up charges), by result: "
+    "applied (moved the envelope's committed total once) or recorded (the envelope was "
+    "not open, or nothing it asked could move).",
+    [*CLASS, "result"],
 )
 ledger_writes = BoundedCounter(
     "reservoir_ledger_writes_total",
@@ -197,6 +230,7 @@ objects_set_aside = BoundedCounter(
 )
 
 EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
+COMPENSATION_RESULTS = {APPLIED: "applied", RECORDED: "recorded"}
 # A snapshot older than this is not shown: the replica stopped reconciling the envelope
 # (it was paused behind a peer, or the envelope went while it was not looking). An active
 # replica reconciles every envelope at least every 30 s.
@@ -231,6 +265,36 @@ class EnvelopeSnapshot:
     oldest_finalizer: datetime | None = None
     finalizer_due: datetime | None = None  # when the earliest waiting deletion is due
     devices: Mapping[str, int] = field(default_factory=dict)  # state -> device count
+    contracts: Mapping[str, ContractType] = field(default_factory=dict)  # status.contracts
+    peak: Mapping[str, Decimal] = field(default_factory=dict)  # status.peak
+    windows: Mapping[str, Sequence[WindowSlice]] = field(default_factory=dict)  # status.windows
+    # What the claim at the head of the queue is short of, per resource (the queue waits).
+    shortfall: Mapping[str, Decimal] = field(default_factory=dict)
+
+    def contract(self, resource: str) -> str:
+        """The resource's contract as a label value (`_other` for the summed rest)."""
+        if resource == OTHER:
+            return OTHER
+        return contract_of(resource, self.contracts).value
+
+    def window_committed(self) -> dict[str, Decimal]:
+        """Replenishing resources: committed in the window, the sum of its slices."""
+        return {
+            name: sum((piece.amount for piece in slices), ZERO)
+            for name, slices in self.windows.items()
+        }
+
+    def in_use(self) -> dict[str, Decimal]:
+        """Reusable and Replenishing resources: what is not available of the capacity (and
+        what was borrowed), i.e. held by claims and child envelopes, lent to siblings and,
+        for Replenishing, committed in the window. The same figure the peak records
+        (reservoir.core.contracts.raise_peak), so it never shows above the peak."""
+        totals = self.totals
+        return {
+            name: amount + totals.borrowed.get(name, ZERO) - totals.available.get(name, ZERO)
+            for name, amount in totals.capacity.items()
+            if contract_of(name, self.contracts) is not ContractType.CONSUMABLE
+        }
 
 
 @dataclass(eq=False)  # registries key collectors by identity
@@ -277,8 +341,36 @@ class EnvelopeGauges(Collector):
         capacity = GaugeMetricFamily(
             "reservoir_envelope_capacity",
             "Capacity of the envelope by resource and ledger state "
-            "(capacity, reserved, committed, reconciling, available).",
-            labels=[*ENVELOPE, "resource", "state"],
+            "(capacity, reserved, committed, reconciling, available), and the resource's "
+            "contract (Reusable, Consumable, Replenishing).",
+            labels=[*ENVELOPE, "resource", "state", "contract"],
+        )
+        in_use = GaugeMetricFamily(
+            "reservoir_envelope_in_use",
+            "Reusable and Replenishing resources of the envelope in use now: held by claims "
+            "and child envelopes, lent to siblings, and (Replenishing) committed in the "
+            "window. At capacity, claims wait: for claims to end (Reusable) or for the "
+            "window (Replenishing).",
+            labels=[*ENVELOPE, "resource", "contract"],
+        )
+        peak = GaugeMetricFamily(
+            "reservoir_envelope_peak_in_use",
+            "Reusable and Replenishing resources: the most of each the envelope ever had in "
+            "use at once (Replenishing: within one window), against its capacity for "
+            "right-sizing.",
+            labels=[*ENVELOPE, "resource", "contract"],
+        )
+        window = GaugeMetricFamily(
+            "reservoir_envelope_window_committed",
+            "Replenishing resources: what the envelope's claims consumed that is still in "
+            "its window; it returns to available as the window passes.",
+            labels=[*ENVELOPE, "resource"],
+        )
+        shortfall = GaugeMetricFamily(
+            "reservoir_envelope_shortfall",
+            "What the claim at the head of the envelope's queue is short of, per resource: "
+            "above 0 while claims wait for that resource.",
+            labels=[*ENVELOPE, "resource", "contract"],
         )
         claims = GaugeMetricFamily(
             "reservoir_envelope_claims",
@@ -342,7 +434,17 @@ class EnvelopeGauges(Collector):
             shown = (namespace, envelope) in self._shown
             for state in STATES:
                 for resource, amount in _bounded_resources(getattr(snap.totals, state)):
-                    add(capacity, [*key, resource, state], float(amount), shown)
+                    labels = [*key, resource, state, snap.contract(resource)]
+                    add(capacity, labels, float(amount), shown)
+            for family, amounts in (
+                (in_use, snap.in_use()),
+                (peak, snap.peak),
+                (shortfall, snap.shortfall),
+            ):
+                for resource, amount in _bounded_resources(amounts):
+                    add(family, [*key, resource, snap.contract(resource)], float(amount), shown)
+            for resource, amount in _bounded_resources(snap.window_committed()):
+                add(window, [*key, resource], float(amount), shown)
             for phase in ClaimPhase:
                 add(claims, [*key, phase.value], snap.counts.get(phase.value, 0), shown)
             for resource, amount in _bounded_resources(snap.stranded):
@@ -357,13 +459,17 @@ class EnvelopeGauges(Collector):
                 oldest.add_metric(key, snap.oldest_finalizer.timestamp())
             if snap.finalizer_due is not None:
                 due.add_metric(key, snap.finalizer_due.timestamp())
-        families = {f.name: f for f in (capacity, claims, stranded, devices)}
+        families = {
+            f.name: f
+            for f in (capacity, claims, stranded, devices, in_use, peak, window, shortfall)
+        }
         for (name, *labels), value in sorted(others.items()):
             families[name].add_metric(labels, value)
         for (namespace, envelope), ok in sorted(healthy.items()):
             if (namespace, envelope) in self._shown:
                 health.add_metric([namespace, envelope], 1 if ok else 0)
         yield from (capacity, claims, stranded, info, deadline, oldest, due, devices, health)
+        yield from (in_use, peak, window, shortfall)
 
 
 def _bounded_resources(amounts: Mapping[str, Decimal]) -> list[tuple[str, Decimal]]:
@@ -392,6 +498,9 @@ def count_events(namespace: str, workflow_class: str, events: Iterable[LedgerEve
             late_reports.labels(namespace, workflow_class).inc()
         elif event.reason == "Overrun":
             overruns.labels(namespace, workflow_class).inc()
+        elif event.reason in COMPENSATION_RESULTS:
+            result = COMPENSATION_RESULTS[event.reason]
+            compensations.labels(namespace, workflow_class, result).inc()
 
 
 def observe_written(
@@ -400,9 +509,14 @@ def observe_written(
     before: Mapping[str, LedgerEntry],
     after: Mapping[str, LedgerEntry],
     created: Mapping[str, datetime],
+    contracts: Mapping[str, ContractType] | None = None,
 ) -> None:
-    """Latencies, renewals and C/R of what a ledger write just made durable: each moment
-    (reserved, committed, settled) is observed by the one write that first records it."""
+    """Latencies, renewals, C/R and occupancy of what a ledger write just made durable: each
+    moment (reserved, committed, settled) is observed by the one write that first records
+    it. `contracts` are the envelope's (status.contracts; a resource it does not name: the
+    default by name): C/R is observed for Consumable and Replenishing resources only, since
+    a Reusable one consumes nothing, and occupancy for Reusable ones."""
+    contracts = contracts or {}
     labels = (namespace, bounded_class(workflow_class))
     for uid, entry in after.items():
         old = before.get(uid)
@@ -416,13 +530,20 @@ def observe_written(
         granted = entry.renewals - (old.renewals if old is not None else 0)
         if granted > 0:
             lease_renewals.labels(*labels, "granted").inc(granted)
+        # Occupancy is recorded once per resource (at settlement, or when the devices are
+        # confirmed free): counted by the write that first records it.
+        counted = old.occupancy if old is not None else {}
+        for resource, amount in entry.occupancy.items():
+            reusable = contract_of(resource, contracts) is ContractType.REUSABLE
+            if amount > 0 and reusable and resource not in counted:
+                occupancy.labels(*labels, resource).inc(float(amount))
         settled = entry.settlement
         if settled is None or not _newly(old, entry, "settlement"):
             continue
         hold.labels(*labels).observe(_seconds(reserved_at, settled.at))
         if settled.phase is ClaimPhase.CONSUMED:
             for resource, reserved in entry.reserved.items():
-                if reserved > 0:
+                if reserved > 0 and contract_of(resource, contracts) is not ContractType.REUSABLE:
                     ratio = entry.consumed.get(resource, Decimal(0)) / reserved
                     consumed_ratio.labels(*labels, resource).observe(float(ratio))
 

@@ -608,3 +608,83 @@ def test_the_operator_holds_hands_off_and_settles_a_gpu_claim_under_the_policies
         if ("denied request" in line or " 403" in line) and "is being terminated" not in line
     ]
     assert not refusals, f"the operator was refused ({log}):\n" + "\n".join(refusals[:5])
+
+
+def test_only_a_compensator_may_send_a_compensation(
+    cluster: ClusterHandle, ns: str, chart: Installed, tmp_path: Path
+) -> None:
+    """A refund gives a settled charge back to the envelope (and at close to the pool): a
+    tenant with every right over its claims may not send one without the `compensate`
+    verb (issue 22), and may still do everything else to its claims."""
+    me = tenant(cluster, ns, tmp_path / "tenant")
+    policy = f"{chart.release}-reservoir-compensations"
+    create_envelope(cluster, ns, "wf", {"tokens": "10"})
+    refund = {"key": "r-1", "refund": {"tokens": "2"}, "reason": "refund #1"}
+    claim = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "BranchClaim",
+        "metadata": {"name": "c", "namespace": ns},
+        "spec": {"envelope": "wf", "requests": {"tokens": "3"}, "compensations": [refund]},
+    }
+    until_enforced(me, policy, "create", "-f", "-", input=json.dumps(claim))
+    denied(me, policy, "needs the 'compensate' verb", "create", "-f", "-", input=json.dumps(claim))
+    plain = {**claim, "spec": {"envelope": "wf", "requests": {"tokens": "3"}}}
+    allowed(me, "create", "-f", "-", input=json.dumps(plain))
+    patch = json.dumps({"spec": {"compensations": [refund]}})
+    denied(
+        me,
+        policy,
+        "needs the 'compensate' verb",
+        "patch",
+        "branchclaim",
+        "c",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        patch,
+    )
+    allowed(
+        me,
+        "patch",
+        "branchclaim",
+        "c",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"cancel": True}}),
+    )
+
+    # Granted the verb (the chart's reservoir-compensator, here as a Role), it may.
+    role = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "compensator", "namespace": ns},
+        "rules": [
+            {"apiGroups": ["reservoir.dev"], "resources": ["branchclaims"], "verbs": ["compensate"]}
+        ],
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(role))
+    cluster.kubectl(
+        "create",
+        "rolebinding",
+        "compensator",
+        "-n",
+        ns,
+        "--role=compensator",
+        f"--serviceaccount={ns}:tenant",
+    )
+    eventually(
+        "the compensate verb granted",
+        lambda: (
+            kubectl_as(
+                me, "patch", "branchclaim", "c", "-n", ns, "--type=merge", "-p", patch
+            ).returncode
+            == 0
+        ),
+        timeout=30,
+        every=1,
+    )
+    stored = json.loads(cluster.kubectl("get", "branchclaim", "c", "-n", ns, "-o", "json"))
+    assert [c["key"] for c in stored["spec"]["compensations"]] == ["r-1"]

@@ -395,6 +395,15 @@ NEVER_RAN_DETOURS: tuple[JsonDict, ...] = (
     {"spec": {"dispatch": True}},
     {"spec": {"cancel": False}},
 )
+# Issue 22: a contract per resource, fixed at creation; compensations are append-only.
+REPLENISHING: JsonDict = {"tokens": {"type": "Replenishing", "windowSeconds": 60}}
+TWO_CONTRACTS: JsonDict = {"contracts": {**REPLENISHING, "cost": {"type": "Consumable"}}}
+REFUND: JsonDict = {
+    "key": "refund-1",
+    "refund": {"tokens": "5"},
+    "reason": "the customer was refunded",
+    "reference": "invoice-7",
+}
 SETTLEMENT: JsonDict = {
     "key": "uid-1/1/1",
     "phase": "Consumed",
@@ -545,6 +554,43 @@ CASES = [
     Case("envelope-reopened", "ReservationEnvelope", ("spec", "state"), "cannot be reopened",
          {"spec": {"state": "Open"}}, unchanged("spec", "state"),
          spec={"state": "Closed"}),
+    # A resource's contract is fixed at creation, on envelopes and pools alike; removing
+    # `contracts` first gets nowhere: its schema default ({}) puts it back for the rule.
+    Case("contract-window-changed", "ReservationEnvelope", ("spec", "contracts"),
+         "contracts are fixed", {"spec": {"contracts": {"tokens": {"windowSeconds": 120}}}},
+         unchanged("spec", "contracts"), spec={"contracts": REPLENISHING}),
+    Case("contract-type-changed", "ReservationEnvelope", ("spec", "contracts"),
+         "contracts are fixed",
+         {"spec": {"contracts": {"tokens": {"type": "Consumable", "windowSeconds": None}}}},
+         unchanged("spec", "contracts"), spec={"contracts": REPLENISHING}),
+    Case("contracts-lose-one", "ReservationEnvelope", ("spec", "contracts"),
+         "contracts are fixed", {"spec": {"contracts": {"tokens": None}}},
+         unchanged("spec", "contracts"), spec=TWO_CONTRACTS),
+    Case("contracts-added", "ReservationEnvelope", ("spec", "contracts"), "contracts are fixed",
+         {"spec": {"contracts": REPLENISHING}}, unchanged("spec", "contracts"), adds=True),
+    Case("pool-contract-window-changed", "ReservationPool", ("spec", "contracts"),
+         "contracts are fixed", {"spec": {"contracts": {"tokens": {"windowSeconds": 120}}}},
+         unchanged("spec", "contracts"), spec={"contracts": REPLENISHING}),
+    Case("pool-contract-type-changed", "ReservationPool", ("spec", "contracts"),
+         "contracts are fixed",
+         {"spec": {"contracts": {"tokens": {"type": "Reusable", "windowSeconds": None}}}},
+         unchanged("spec", "contracts"), spec={"contracts": REPLENISHING}),
+    Case("pool-contracts-lose-one", "ReservationPool", ("spec", "contracts"),
+         "contracts are fixed", {"spec": {"contracts": {"cost": None}}},
+         unchanged("spec", "contracts"), spec=TWO_CONTRACTS),
+    Case("pool-contracts-added", "ReservationPool", ("spec", "contracts"),
+         "contracts are fixed", {"spec": {"contracts": REPLENISHING}},
+         unchanged("spec", "contracts"), adds=True),
+    # A compensation once sent is never changed or taken back (a new one has its own key).
+    Case("compensation-removed", "BranchClaim", ("spec", "compensations"), "append-only",
+         {"spec": {"compensations": []}}, unchanged("spec", "compensations"),
+         spec={"compensations": [REFUND]}),
+    Case("compensation-changed", "BranchClaim", ("spec", "compensations"), "append-only",
+         {"spec": {"compensations": [{**REFUND, "refund": {"tokens": "50"}}]}},
+         unchanged("spec", "compensations"), spec={"compensations": [REFUND]}),
+    Case("compensation-replaced", "BranchClaim", ("spec", "compensations"), "append-only",
+         {"spec": {"compensations": [{**REFUND, "key": "refund-2"}]}},
+         unchanged("spec", "compensations"), spec={"compensations": [REFUND]}),
     # A branch cancelled before its commit point never ran: no usage, no provider start.
     Case("usage-after-cancel-before-dispatch", "BranchClaim", ("spec",), "cancelled before",
          {"spec": {"usage": {"tokens": "5"}}}, unchanged("spec", "usage"),
@@ -602,6 +648,47 @@ STATELESS_EXAMPLES = [
         {"policy": {"provider": {"statusURL": "https://provider.example/ops"}}},
     ),
     ("ReservationPool", "resource names look like", {"capacity": {"tok ens!": "1"}}),
+    (
+        "ReservationEnvelope",
+        "contracts name resources of the capacity",
+        {"contracts": {"gpu": {"type": "Reusable"}}},
+    ),
+    (
+        "ReservationEnvelope",
+        "a device resource (nvidia.com/gpu) is Reusable",
+        {
+            "capacity": {"nvidia.com/gpu": "8"},
+            "contracts": {"nvidia.com/gpu": {"type": "Consumable"}},
+        },
+    ),
+    (
+        "ReservationEnvelope",
+        "windowSeconds is set for a Replenishing resource",
+        {"contracts": {"tokens": {"type": "Replenishing"}}},
+    ),
+    (
+        "ReservationPool",
+        "contracts name resources of the capacity",
+        {"contracts": {"gpu": {"type": "Reusable"}}},
+    ),
+    (
+        "ReservationPool",
+        "a device resource (nvidia.com/gpu) is Reusable",
+        {
+            "capacity": {"nvidia.com/gpu": "8"},
+            "contracts": {"nvidia.com/gpu": {"type": "Replenishing", "windowSeconds": 60}},
+        },
+    ),
+    (
+        "ReservationPool",
+        "windowSeconds is set for a Replenishing resource",
+        {"contracts": {"tokens": {"type": "Consumable", "windowSeconds": 60}}},
+    ),
+    (
+        "BranchClaim",
+        "each compensation has its own key",
+        {"compensations": [REFUND, {**REFUND, "refund": {"tokens": "1"}}]},
+    ),
     ("ReservationPool", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
 ]
 

@@ -53,6 +53,7 @@ POLICIES = (
     "placement",
     "status",
     "metadata",
+    "compensations",
     "provider-urls",
 )
 MONITORING = {
@@ -587,6 +588,7 @@ def test_install_upgrade_uninstall(
         ("clusterrole", "reservoir-worker", None),
         ("clusterrole", "reservoir-envelope-editor", None),
         ("clusterrole", "reservoir-viewer", None),
+        ("clusterrole", "reservoir-compensator", None),
         ("priorityclass", f"{name}-placeholder", None),
         ("clusterkopfpeering", full, None),
         ("clusterrole", f"{full}-provider-tokens", None),

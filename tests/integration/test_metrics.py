@@ -9,6 +9,7 @@ import json
 import socket
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -101,7 +102,12 @@ def test_a_scrape_after_the_worked_example_matches_the_ledger(
         for state in ("capacity", "reserved", "committed", "reconciling", "available"):
             for resource, amount in getattr(ledger.totals, state).items():
                 got = value(
-                    found, "reservoir_envelope_capacity", **env, resource=resource, state=state
+                    found,
+                    "reservoir_envelope_capacity",
+                    **env,
+                    resource=resource,
+                    state=state,
+                    contract="Consumable",  # tokens, by default
                 )
                 if got is None or Decimal(str(got)) != amount:
                     return None
@@ -114,10 +120,11 @@ def test_a_scrape_after_the_worked_example_matches_the_ledger(
 
     found = eventually("the scrape to match the settled ledger", matches_ledger)
     assert view.status.totals.committed["tokens"] == 37
-    assert (
-        value(found, "reservoir_envelope_capacity", **env, resource="tokens", state="committed")
-        == 37
-    )
+    tokens = {"resource": "tokens", "contract": "Consumable"}
+    assert value(found, "reservoir_envelope_capacity", **env, **tokens, state="committed") == 37
+    # A Consumable resource has nothing in use (what is committed is spent) and no peak.
+    assert value(found, "reservoir_envelope_in_use", **env, **tokens) is None
+    assert value(found, "reservoir_envelope_peak_in_use", **env, **tokens) is None
     assert value(found, "reservoir_envelope_stranded", **env, resource="tokens") == 0
     assert value(found, "reservoir_envelope_ledger_healthy", **env) == 1
 
@@ -156,6 +163,94 @@ def test_a_scrape_after_the_worked_example_matches_the_ledger(
     )
     assert not any(labels and ("envelope", "parent") in labels for _, labels in found)
     assert value(found, "reservoir_claim_consumed_ratio_count", **ratio) == 3
+
+
+def test_a_scrape_shows_permits_and_a_rate_limit_in_use_their_peaks_shortfall_and_occupancy(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    """Issue 22: `concurrency` is Reusable (by default): two permits, three branches. The
+    third waits while both permits are in use (the shortfall an alert fires on), every
+    permit comes back as its claim ends, and the permit-seconds held are counted. A
+    provider rate limit (`rpm`, Replenishing, a 10-minute window) keeps what was consumed
+    in its window."""
+    port = _free_port()
+    start_operator("--metrics-port", str(port))
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "ReservationEnvelope",
+        "metadata": {"name": "agents", "namespace": ns, "labels": {CLASS_LABEL: "agents"}},
+        "spec": {
+            "capacity": {"concurrency": "2", "tokens": "100", "rpm": "30"},
+            "contracts": {"rpm": {"type": "Replenishing", "windowSeconds": 600}},
+            "policy": {"defaultLeaseSeconds": 120},
+        },
+    }
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    request = {"concurrency": "1", "tokens": "10", "rpm": "10"}
+    a, b, c = (sdk.hold("agents", n, request, name=n, dispatch=True) for n in "abc")
+    a, b = (wait_phase(sdk, x, "Committed") for x in (a, b))
+    wait_phase(sdk, c, "Pending")
+
+    env = {"namespace": ns, "envelope": "agents"}
+    permits = {"resource": "concurrency", "contract": "Reusable"}
+    found = eventually(
+        "both permits in use and the third branch short of one",
+        lambda: (
+            s
+            if value(s := samples(scrape(port)), "reservoir_envelope_shortfall", **env, **permits)
+            == 1
+            else None
+        ),
+    )
+    assert value(found, "reservoir_envelope_in_use", **env, **permits) == 2
+    assert value(found, "reservoir_envelope_capacity", **env, **permits, state="capacity") == 2
+    assert value(found, "reservoir_envelope_capacity", **env, **permits, state="available") == 0
+    assert value(found, "reservoir_envelope_peak_in_use", **env, **permits) == 2
+    tokens = {"resource": "tokens", "contract": "Consumable"}
+    assert value(found, "reservoir_envelope_capacity", **env, **tokens, state="capacity") == 100
+
+    rpm = {"resource": "rpm", "contract": "Replenishing"}
+    assert value(found, "reservoir_envelope_in_use", **env, **rpm) == 20  # a and b hold 10
+
+    time.sleep(2)  # a and b hold their permits for at least 2 whole seconds each
+    sdk.finish(a, {"tokens": "5", "rpm": "3"})
+    c = wait_phase(sdk, c, "Committed")  # a's permit came back
+    for claim in (b, c):
+        sdk.finish(claim, {"tokens": "5", "rpm": "3"})
+    for name in "abc":
+        wait_phase(sdk, name, "Consumed")
+
+    def all_back() -> Samples | None:
+        s = samples(scrape(port))
+        back = (
+            value(s, "reservoir_envelope_in_use", **env, **permits) == 0
+            and value(s, "reservoir_envelope_capacity", **env, **permits, state="available") == 2
+            and value(s, "reservoir_envelope_capacity", **env, **tokens, state="committed") == 15
+        )
+        return s if back else None
+
+    found = eventually("every permit back and the tokens committed", all_back)
+    assert value(found, "reservoir_envelope_shortfall", **env, **permits) is None
+    assert value(found, "reservoir_envelope_peak_in_use", **env, **permits) == 2
+    # The requests consumed stay in the window (10 minutes): 3 each, nothing held now. The
+    # most in use at once: a's 3 committed while b and c held 10 each.
+    assert value(found, "reservoir_envelope_window_committed", **env, resource="rpm") == 9
+    assert value(found, "reservoir_envelope_in_use", **env, **rpm) == 9
+    assert value(found, "reservoir_envelope_peak_in_use", **env, **rpm) == 23
+    assert value(found, "reservoir_envelope_capacity", **env, **rpm, state="available") == 21
+    by_class = {"namespace": ns, "class": "agents"}
+    held = value(
+        found, "reservoir_claim_occupancy_seconds_total", **by_class, resource="concurrency"
+    )
+    assert held is not None and held >= 4  # a and b: 1 permit for at least 2 s each
+    assert (
+        value(found, "reservoir_claim_occupancy_seconds_total", **by_class, resource="tokens")
+        is None
+    )
+    # C/R is the tokens' only: a permit consumes nothing.
+    assert value(found, "reservoir_claim_consumed_ratio_count", **by_class, resource="tokens") == 3
+    ratio = value(found, "reservoir_claim_consumed_ratio_count", **by_class, resource="concurrency")
+    assert ratio is None
 
 
 class Proxy:

@@ -119,8 +119,8 @@ def test_the_kubectl_plugin_drives_a_claim_and_prints_the_ledger(
     ledger = plugin(cluster, ns, "ledger", "wf")
     assert ledger.returncode == 0, ledger.stderr
     rows = {line.split()[0]: line.split() for line in ledger.stdout.splitlines() if line}
-    assert rows["tokens"][1:] == ["100000", "12000", "0", "0", "88000"]
-    assert rows["cost"][1:] == ["5", "0.5", "0", "0", "4.5"]
+    assert rows["tokens"][1:] == ["Consumable", "100000", "12000", "0", "0", "88000"]
+    assert rows["cost"][1:] == ["Consumable", "5", "0.5", "0", "0", "4.5"]
     assert "Completed" in rows["s"]
 
     refused = plugin(cluster, ns, "dispatch", "s")

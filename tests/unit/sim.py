@@ -24,9 +24,18 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 class Sim:
-    def __init__(self, capacity: dict[str, str] | None = None, **policy: Any) -> None:
-        spec = ReservationEnvelopeSpec(
-            capacity=capacity or {"tokens": "100"}, policy=EnvelopePolicy(**policy)
+    def __init__(
+        self,
+        capacity: dict[str, str] | None = None,
+        contracts: dict[str, Any] | None = None,
+        **policy: Any,
+    ) -> None:
+        spec = ReservationEnvelopeSpec.model_validate(
+            {
+                "capacity": capacity or {"tokens": "100"},
+                "contracts": contracts or {},
+                "policy": EnvelopePolicy(**policy),
+            }
         )
         self.envelope = EnvelopeFacts(spec=spec, created_at=T0)
         self.status = ReservationEnvelopeStatus()
@@ -62,8 +71,20 @@ class Sim:
     def cancel(self, name: str) -> Sim:
         return self.update(name, cancel=True)
 
-    def usage(self, name: str, tokens: str, final: bool = False, outcome: str | None = None) -> Sim:
-        changes: dict[str, Any] = {"usage": {"tokens": tokens}, "final": final}
+    def usage(
+        self,
+        name: str,
+        tokens: str | None = None,
+        final: bool = False,
+        outcome: str | None = None,
+        **other: str,
+    ) -> Sim:
+        """Cumulative usage: `tokens`, and other resources by keyword (`gpu` is
+        nvidia.com/gpu)."""
+        used = {"nvidia.com/gpu" if k == "gpu" else k: v for k, v in other.items()}
+        if tokens is not None:
+            used["tokens"] = tokens
+        changes: dict[str, Any] = {"usage": used, "final": final}
         if final:
             changes["outcome"] = outcome or "Succeeded"
         return self.update(name, **changes)

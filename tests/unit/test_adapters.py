@@ -68,6 +68,9 @@ def test_plugin_resource_arguments() -> None:
     assert resources(["tokens=20k", "cost=1.5"]) == {"tokens": "20k", "cost": "1.5"}
     with pytest.raises(ReservoirError, match="RESOURCE=QUANTITY"):
         resources(["tokens"])
+    # The last one won silently (a refund then a charge of tokens sent only the charge).
+    with pytest.raises(ReservoirError, match="tokens is given twice"):
+        resources(["tokens=-1", "tokens=+5"])
 
 
 def test_plugin_tables_align() -> None:

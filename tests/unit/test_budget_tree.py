@@ -646,14 +646,16 @@ def test_the_audit_catches_a_child_that_draws_on_a_line_its_parent_never_held(
 ) -> None:
     draw = budgets.draw_record
 
-    def eager(record: Any, parent: Any, capacity: Any, now: Any) -> budgets.Admitted:
+    def eager(
+        record: Any, parent: Any, capacity: Any, now: Any, contracts: Any = None
+    ) -> budgets.Admitted:
         if record is None and parent is not None and parent.uid and parent.line is None:
             return budgets.Admitted(
                 budgets.ParentRecord(
                     kind=parent.kind, name=parent.name, uid=parent.uid, admitted_at=now
                 )
             )
-        return draw(record, parent, capacity, now)
+        return draw(record, parent, capacity, now, contracts)
 
     monkeypatch.setattr("reservoir.core.reconcile.draw_record", eager)
     world = World.with_pool({"tokens": 100})

@@ -299,6 +299,24 @@ def test_a_settled_claim_shows_its_outcome_result_and_c_and_r_minus_c() -> None:
     ]
 
 
+def test_a_settled_reusable_claim_shows_its_occupancy_and_all_of_r_returned() -> None:
+    status = BranchClaimStatus(
+        phase=ClaimPhase.CONSUMED,
+        reserved=q({"nvidia.com/gpu": "8", "tokens": "20k"}),
+        consumed=q({"tokens": "12k"}),
+        released=q({"nvidia.com/gpu": "8", "tokens": "8k"}),
+        occupancy=q({"nvidia.com/gpu": "480"}),
+        settlement=Settlement(key="k", phase=ClaimPhase.CONSUMED, reason="Completed", at=T0),
+    )
+    result = ResultView.of(view_of(status))
+    assert result.occupancy == {"nvidia.com/gpu": 480}
+    assert show_result(result).split("\n")[3:] == [
+        "amounts: C tokens=12000, R−C nvidia.com/gpu=8 tokens=8000",
+        "occupancy: nvidia.com/gpu=480 (R × seconds held; returned in full, not charged)",
+    ]
+    assert "occupancy" not in show_result(ResultView.of(view_of(consumed_status())))
+
+
 def test_a_claim_not_settled_yet_says_so_and_shows_only_r() -> None:
     status = BranchClaimStatus(phase=ClaimPhase.RUNNING, reserved=q({"tokens": "30"}))
     result = ResultView.of(view_of(status))

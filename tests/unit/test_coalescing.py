@@ -107,6 +107,7 @@ from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
     ClaimPhase,
+    ContractType,
     EnvelopePolicy,
     EnvelopeState,
     LedgerEntry,
@@ -177,6 +178,22 @@ class Run:
         self.check_nothing_recorded_is_lost()
         self.check_what_never_ran_is_never_charged(world)
         self.check_nothing_held_once_closed()
+        self.check_each_contract(world)
+
+    def check_each_contract(self, world: World) -> None:
+        """Issue 22: a Reusable resource is never committed and a settled claim never
+        charges one; a Replenishing resource's committed total is exactly its window."""
+        totals, contracts = self.status.totals, self.status.contracts
+        for name, contract in contracts.items():
+            committed = totals.committed.get(name, Decimal(0))
+            if contract is ContractType.REUSABLE:
+                assert committed == 0, f"{name} committed {committed}"
+                for uid in {*self.status.entries, *self.records}:
+                    entry = self.entry(uid)
+                    assert entry is not None and not entry.consumed.get(name), f"{uid} {name}"
+            if contract is ContractType.REPLENISHING:
+                slices = self.status.windows.get(name, [])
+                assert committed == sum((s.amount for s in slices), Decimal(0)), slices
 
     def check_what_never_ran_is_never_charged(self, world: World) -> None:
         """Against the world's own truth: a branch that was never dispatched, reported no
@@ -410,6 +427,11 @@ class World:
         elif write.kind == "usage" and not frozen_execution:
             usage = dict(spec.usage)
             usage["tokens"] = usage.get("tokens", Decimal(0)) + write.arg
+            if write.arg and by_pod and "gpu" in self.envelope.spec.contracts:
+                # "gpu" under a declared contract: a branch that ran used its permits (a
+                # Reusable resource's occupancy, a Replenishing one's consumption). Only
+                # branches without a Job say so: a Job's usage names tokens alone.
+                usage["gpu"] = max(usage.get("gpu", Decimal(0)), spec.requests.get("gpu", 0))
             if uid in self.used:  # its Job said what it used: the worker says no more
                 usage["tokens"] = min(usage["tokens"], self.used[uid])
             self._spec(uid, usage=usage)
@@ -630,6 +652,9 @@ def settlement_of(entry: LedgerEntry, fleeting_start: bool = False) -> tuple[Any
         entry.settlement.phase if entry.settlement else None,
         (entry.overrun.usage, entry.overrun.excess, entry.overrun.final) if entry.overrun else None,
         entry.devices is not None and entry.devices.released,
+        # What a live claim returned of its Reusable resources once its work was over
+        # (issue 22); once settled, all of it is back either way.
+        None if phase.terminal else amounts(entry.reusable_returned),
     )
 
 
@@ -802,9 +827,20 @@ def histories(
         "gpu": draw(st.integers(2, 6)),
         GPU: draw(st.integers(2, 6)),
     }
-    envelope = EnvelopeFacts(
-        spec=ReservationEnvelopeSpec(capacity=capacity, policy=policy), created_at=T0
+    # "gpu" (a plain resource) under each contract (issue 22); nvidia.com/gpu is Reusable.
+    gpu = draw(
+        st.sampled_from(
+            [
+                None,
+                {"type": "Reusable"},
+                {"type": "Replenishing", "windowSeconds": draw(st.integers(5, 90))},
+            ]
+        )
     )
+    spec = ReservationEnvelopeSpec.model_validate(
+        {"capacity": capacity, "policy": policy, "contracts": {"gpu": gpu} if gpu else {}}
+    )
+    envelope = EnvelopeFacts(spec=spec, created_at=T0)
     instants = draw(
         st.lists(
             st.tuples(ticks, st.lists(claim_writes, min_size=1, max_size=7)),
@@ -850,7 +886,7 @@ provider_creates = st.builds(
     job_claims,
     st.tuples(
         st.integers(1, 30),
-        st.just(0),
+        st.integers(0, 1),  # a permit of "gpu" (Reusable in these histories)
         st.sampled_from([True, True, False]),
         st.just(0),
         st.just("Dispatch"),
@@ -898,10 +934,13 @@ def provider_histories(draw: st.DrawFn) -> History:
         at_ambiguity_deadline=draw(st.sampled_from(["Hold", "Quarantine", "Release"])),
         late_completion=draw(st.sampled_from(["Adjust", "Record"])),
     )
-    capacity = {"tokens": draw(st.integers(30, 150)), "gpu": 0}
-    envelope = EnvelopeFacts(
-        spec=ReservationEnvelopeSpec(capacity=capacity, policy=policy), created_at=T0
+    # "gpu" is a Reusable permit here: it comes back as soon as a Job is over, whether or
+    # not its usage is known yet (issue 22).
+    capacity = {"tokens": draw(st.integers(30, 150)), "gpu": draw(st.integers(1, 4))}
+    spec = ReservationEnvelopeSpec.model_validate(
+        {"capacity": capacity, "policy": policy, "contracts": {"gpu": {"type": "Reusable"}}}
     )
+    envelope = EnvelopeFacts(spec=spec, created_at=T0)
     instants = draw(
         st.lists(
             st.tuples(st.integers(0, 20), st.lists(provider_writes, min_size=1, max_size=7)),
@@ -1039,6 +1078,25 @@ def test_a_cancel_missed_next_to_the_final_report_is_still_recorded() -> None:
     left, right = every_step.entry("c0"), coalesced.entry("c0")
     assert left is not None and right is not None
     assert left.cancel_requested == right.cancel_requested
+
+
+def test_a_cancel_while_a_pod_may_start_seen_with_the_final_report_is_recorded() -> None:
+    """Found by the audit: c0 (commit point PodRunning) gets a workload pod, is cancelled
+    while the pod may still start, then finishes without usage, all in one instant. The run
+    that saw the cancel first recorded it; the one that saw only the end did not."""
+    policy = EnvelopePolicy(default_lease_seconds=5, max_claim_lifetime_seconds=5)
+    spec = ReservationEnvelopeSpec(capacity={"tokens": 20, "gpu": 2, GPU: 2}, policy=policy)
+    history = History(
+        EnvelopeFacts(spec=spec, created_at=T0),
+        [
+            (0, [Write("create", 0, (1, 0, False, 0, "PodRunning", 0))]),
+            (0, [Write("pod", 0, 1), Write("cancel", 0), Write("finish", 0, "Succeeded")]),
+        ],
+    )
+    every_step, coalesced = play(history, only_last)
+    left, right = every_step.entry("c0"), coalesced.entry("c0")
+    assert left is not None and right is not None
+    assert left.cancel_requested and right.cancel_requested
 
 
 def test_the_audit_finds_a_bound_pod_that_runs_after_the_cancel() -> None:

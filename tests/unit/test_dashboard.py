@@ -100,6 +100,12 @@ def test_every_query_uses_only_declared_metrics() -> None:
         "reservoir_ledger_errors_total",
         "reservoir_envelope_oldest_finalizer_timestamp_seconds",
         "reservoir_envelope_finalizer_due_timestamp_seconds",
+        # Contracts (issue 22)
+        "reservoir_envelope_in_use",
+        "reservoir_envelope_peak_in_use",
+        "reservoir_envelope_window_committed",
+        "reservoir_envelope_shortfall",
+        "reservoir_claim_occupancy_seconds_total",
     ):
         assert metric in used, f"no panel shows {metric}"
 

@@ -328,12 +328,13 @@ def test_an_envelope_closes_only_once_its_settled_devices_are_free() -> None:
     assert sim.status.balance_released.get(GPU) == 8
 
 
-def test_what_a_settled_claim_consumed_of_its_devices_is_not_counted_twice() -> None:
-    """C is committed at settlement; only R − C waits for the scheduler's release."""
+def test_a_settled_claims_devices_are_neither_committed_nor_counted_twice() -> None:
+    """Devices are Reusable (issue 22): nothing of them is committed at settlement, and all
+    of R waits for the scheduler's release, then all of it is available again."""
     sim = gpu_sim().create("a", {GPU: "2"}, dispatch=True).allocate("a").reconcile()
     sim.update("a", usage={GPU: "1"}, final=True, outcome="Succeeded").reconcile()
     assert sim.phase("a") is ClaimPhase.CONSUMED
-    assert sim.total("committed", GPU) == "1" and sim.total("reserved", GPU) == "1"
+    assert sim.total("committed", GPU) == "0" and sim.total("reserved", GPU) == "2"
     assert sim.total("available", GPU) == "6"
     sim.deallocate("a").reconcile()
-    assert sim.total("committed", GPU) == "1" and sim.total("available", GPU) == "7"
+    assert sim.total("committed", GPU) == "0" and sim.total("available", GPU) == "8"

@@ -130,15 +130,16 @@ def test_the_widest_claims_the_schema_allows_never_push_the_ledger_past_its_budg
 
 def test_the_budget_still_admits_a_wide_fan_out_of_ordinary_claims() -> None:
     """Each entry reserves room for all it can gain (history, provider record, result, a
-    late adjustment): an ordinary envelope still admits well over a hundred live claims,
-    and the rest wait as LedgerFull, never lost."""
+    late adjustment, and since issue 22 an occupancy and a Reusable part returned early):
+    an ordinary envelope still admits over a hundred live claims (117 at this commit), and
+    the rest wait as LedgerFull, never lost. Issue 23 takes the entries out of the envelope."""
     sim = Sim(capacity={"tokens": "10M", "cost": "1000", "nvidia.com/gpu": "512"})
     for i in range(256):
         sim.create(f"research-agent-branch-{i:04d}", {"tokens": "20k", "cost": "1.50"})
     sim.reconcile()
     phases = [sim.phase(f"research-agent-branch-{i:04d}") for i in range(256)]
     admitted = phases.count(P.TENTATIVE)
-    assert admitted >= 120
+    assert admitted >= 110
     assert phases.count(P.PENDING) == 256 - admitted
     assert sim.last is not None
     assert sim.last.pending["research-agent-branch-0255"].reason == "LedgerFull"

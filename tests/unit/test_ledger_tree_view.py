@@ -8,12 +8,13 @@ would."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from reservoir.cli.plugin import parser, run, show_ledger, show_pool
+from reservoir.cli.plugin import duration, parser, run, show_ledger, show_pool
 from reservoir.core.model import (
     MAX_DEPTH,
     BranchClaimSpec,
@@ -21,6 +22,7 @@ from reservoir.core.model import (
     ChildEntry,
     ChildPhase,
     ClaimPhase,
+    ContractType,
     EnvelopePhase,
     LedgerEntry,
     ParentKind,
@@ -29,6 +31,7 @@ from reservoir.core.model import (
     ReservationPoolStatus,
     ResourceTotals,
     Settlement,
+    WindowSlice,
 )
 from reservoir.core.quantity import parse_resources
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope, ReservationPool
@@ -253,8 +256,8 @@ async def test_a_two_level_tree_shows_each_envelope_with_its_totals_line_and_cla
         lines[0] == "envelope team-a/planner: Open, drawn from ReservationPool tenant-a (depth 1)"
     )
     top = words(block(shown, "RESOURCE"))
-    assert top["tokens"][1:] == ["100000", "12000", "50000", "0", "38000"]
-    assert top["cost"][1:] == ["10", "1", "5", "0", "4"]
+    assert top["tokens"][1:] == ["Consumable", "100000", "12000", "50000", "0", "38000"]
+    assert top["cost"][1:] == ["Consumable", "10", "1", "5", "0", "4"]
     assert list(words(block(shown, "CLAIM"))) == ["CLAIM", "plan"]  # children's claims apart
     assert "child envelopes of planner (3):" in lines
 
@@ -264,7 +267,7 @@ async def test_a_two_level_tree_shows_each_envelope_with_its_totals_line_and_cla
         "envelope team-a/search: Open, drawn from ReservationEnvelope planner (depth 2)"
     )
     assert search[1].strip() == "line in planner: Reserved cost=3 tokens=30000"
-    assert words(search)["tokens"][1:] == ["30000", "0", "10000", "0", "20000"]
+    assert words(search)["tokens"][1:] == ["Consumable", "30000", "0", "10000", "0", "20000"]
     claims = block(shown[shown.index("envelope team-a/search") :], "CLAIM")
     assert [line.split()[:3] for line in claims[1:]] == [["q1", "q1", "Tentative"]]
 
@@ -273,7 +276,7 @@ async def test_a_two_level_tree_shows_each_envelope_with_its_totals_line_and_cla
         "line in planner: Settled (Closed): reserved cost=3 tokens=30000, "
         "consumed cost=1 tokens=12000, released cost=2 tokens=18000"
     )
-    assert words(write)["tokens"][1:] == ["30000", "12000", "0", "0", "18000"]
+    assert words(write)["tokens"][1:] == ["Consumable", "30000", "12000", "0", "0", "18000"]
     assert "  balance released at close: cost=2 tokens=18000" in lines
 
 
@@ -396,11 +399,159 @@ def test_a_leaf_envelope_reads_as_before() -> None:
     claims = [ClaimView.from_api(claim("old", "write", compacted))]
     shown = show_ledger(EnvelopeTree(view, tuple(claims)))
     rows = words(shown.split("\n"))
-    assert rows["tokens"][1:] == ["30000", "12000", "0", "0", "18000"]
+    assert rows["tokens"][1:] == ["Consumable", "30000", "12000", "0", "0", "18000"]
     assert "Completed" in rows["w1"]
     assert rows["old"][1:3] == ["old", "Released"]
     assert "child envelopes" not in shown
     assert show_ledger(view, claims) == shown
+
+
+# --- contracts ------------------------------------------------------------------------------
+
+
+WINDOW_AT = datetime(2025, 1, 1, 12, 0, 20, tzinfo=UTC)
+
+
+def contracted_envelope(recorded: bool = True) -> dict[str, Any]:
+    """An envelope of four contracts: 8 GPUs (Reusable by default), 2 concurrency permits
+    (Reusable by default), 50k tokens (Consumable by default) and 5 requests per 20 s
+    (Replenishing, declared). A GPU claim settled (its 8 GPUs all back, 12k tokens kept
+    committed), one holding a permit, and 3 requests still in their window."""
+    gpu_claim = LedgerEntry(
+        claim="train-1",
+        branch="train",
+        phase=ClaimPhase.CONSUMED,
+        reserved=q({"nvidia.com/gpu": "8", "tokens": "20k"}),
+        consumed=q({"tokens": "12k"}),
+        released=q({"nvidia.com/gpu": "8", "tokens": "8k"}),
+        occupancy=q({"nvidia.com/gpu": "480"}),
+        settlement=Settlement(
+            key="train-1/1", phase=ClaimPhase.CONSUMED, reason="Completed", at=T0
+        ),
+    )
+    status = ReservationEnvelopeStatus(
+        phase=EnvelopePhase.OPEN,
+        totals=totals(
+            {"nvidia.com/gpu": "8", "concurrency": "2", "tokens": "50k", "requests": "5"},
+            committed={"tokens": "12k", "requests": "3"},
+            reserved={"concurrency": "1", "requests": "1"},
+        ),
+        entries={
+            "uid-train-1": gpu_claim,
+            "uid-ask": entry("ask", ClaimPhase.TENTATIVE, {"concurrency": "1", "requests": "1"}),
+        },
+        contracts={
+            "nvidia.com/gpu": ContractType.REUSABLE,
+            "concurrency": ContractType.REUSABLE,
+            "tokens": ContractType.CONSUMABLE,
+            "requests": ContractType.REPLENISHING,
+        }
+        if recorded
+        else {},
+        peak=q({"nvidia.com/gpu": "8", "concurrency": "2", "requests": "4"}) if recorded else {},
+        windows={
+            "requests": [
+                WindowSlice(start=T0, returns_at=WINDOW_AT, amount=Decimal(2)),
+                WindowSlice(start=T0, returns_at=WINDOW_AT.replace(second=22), amount=Decimal(1)),
+            ]
+        }
+        if recorded
+        else {},
+    )
+    obj = envelope("fine-tune", status)
+    obj["spec"]["contracts"] = {"requests": {"type": "Replenishing", "windowSeconds": 20}}
+    return obj
+
+
+def test_the_totals_show_each_resources_contract_its_peak_and_the_window() -> None:
+    shown = show_ledger(EnvelopeView.from_api(contracted_envelope()))
+    header = block(shown, "RESOURCE")[0].split()
+    assert header == [
+        "RESOURCE",
+        "CONTRACT",
+        *("CAPACITY", "COMMITTED", "RESERVED", "RECONCILING", "AVAILABLE"),
+        "PEAK",
+        "WINDOW",
+    ]
+    rows = words(block(shown, "RESOURCE"))
+    assert rows["nvidia.com/gpu"][1:] == ["Reusable", "8", "0", "0", "0", "8", "8", "-"]
+    assert rows["concurrency"][1:] == ["Reusable", "2", "0", "1", "0", "1", "2", "-"]
+    assert rows["tokens"][1:] == ["Consumable", "50000", "12000", "0", "0", "38000", "-", "-"]
+    assert rows["requests"][1:] == ["Replenishing", "5", "3", "1", "0", "1", "4", "20s"]
+    assert (
+        "window requests: 3 committed in its 20s window, returning "
+        "2 at 2025-01-01T12:00:20Z, 1 at 2025-01-01T12:00:22Z"
+    ) in shown.split("\n")
+
+
+def test_a_reusable_claim_shows_all_of_r_released_and_its_occupancy() -> None:
+    shown = show_ledger(EnvelopeView.from_api(contracted_envelope()))
+    claims = block(shown, "CLAIM")
+    assert claims[0].split()[-1] == "OCCUPANCY"
+    train = words(claims)["train-1"]
+    assert train[2:] == [
+        "Consumed",
+        "nvidia.com/gpu=8",
+        "tokens=20000",
+        "tokens=12000",  # the GPUs are not consumed: only the tokens are
+        "nvidia.com/gpu=8",
+        "tokens=8000",
+        "Completed",
+        "nvidia.com/gpu=480",
+    ]
+    assert words(claims)["ask"][-1] == "-"
+
+
+def test_before_the_operator_records_them_contracts_are_the_declared_or_the_defaults() -> None:
+    view = EnvelopeView.from_api(contracted_envelope(recorded=False))
+    assert view.contracts == {
+        "concurrency": ContractType.REUSABLE,
+        "nvidia.com/gpu": ContractType.REUSABLE,
+        "requests": ContractType.REPLENISHING,
+        "tokens": ContractType.CONSUMABLE,
+    }
+    rows = words(block(show_ledger(view), "RESOURCE"))
+    assert rows["nvidia.com/gpu"][1] == "Reusable" and rows["tokens"][1] == "Consumable"
+    assert rows["requests"][-1] == "20s"
+
+
+def test_the_recorded_contract_is_shown_over_a_default() -> None:
+    obj = contracted_envelope()
+    obj["status"]["contracts"]["concurrency"] = "Consumable"  # as the operator resolved it
+    assert EnvelopeView.from_api(obj).contracts["concurrency"] is ContractType.CONSUMABLE
+
+
+def test_the_sdk_view_exposes_contracts_peak_windows_and_occupancy() -> None:
+    obj = contracted_envelope()
+    view = EnvelopeView.from_api(obj)
+    assert view.contracts["requests"] is ContractType.REPLENISHING
+    assert view.peak == {"nvidia.com/gpu": 8, "concurrency": 2, "requests": 4}
+    assert view.window_seconds == {"requests": 20}
+    assert [s.amount for s in view.windows["requests"]] == [2, 1]
+    entry = LedgerEntry.model_validate(obj["status"]["entries"]["uid-train-1"])
+    status = BranchClaimStatus(phase=ClaimPhase.CONSUMED, occupancy=q({"nvidia.com/gpu": "1"}))
+    claim_view = ClaimView.from_api(claim("train-1", "fine-tune", status))
+    assert claim_view.occupancy == {"nvidia.com/gpu": 1}  # the status, with no entry read
+    with_entry = dataclasses.replace(claim_view, entry=entry)
+    assert with_entry.occupancy == {"nvidia.com/gpu": 480}  # the ledger's entry first
+
+
+def test_consumable_budgets_show_no_peak_window_or_occupancy_columns() -> None:
+    shown = show_ledger(EnvelopeView.from_api(two_levels()[2]))
+    assert block(shown, "RESOURCE")[0].split()[-1] == "AVAILABLE"
+    assert block(shown, "CLAIM")[0].split()[-1] == "SETTLED"
+    assert "window" not in shown
+
+
+def test_a_window_length_is_shown_in_its_largest_whole_unit() -> None:
+    assert [duration(s) for s in (20, 60, 90, 3600, 5400, 86400)] == [
+        "20s",
+        "1m",
+        "90s",
+        "1h",
+        "90m",
+        "1d",
+    ]
 
 
 # --- the pool -----------------------------------------------------------------------------
@@ -445,7 +596,7 @@ async def test_a_pool_shows_its_totals_and_each_envelopes_line() -> None:
     lines = shown.split("\n")
     assert lines[0] == "pool tenant-a: namespaces team-a, team-b; 1 envelope(s) waiting"
     rows = words(lines)
-    assert rows["tokens"][1:] == ["1000000", "12000", "100000", "0", "888000"]
+    assert rows["tokens"][1:] == ["Consumable", "1000000", "12000", "100000", "0", "888000"]
     assert rows["team-a/planner"][1:] == ["Reserved", "cost=10", "tokens=100000", "-", "-", "-"]
     assert rows["team-b/old"][1:] == [
         "Settled",
@@ -458,6 +609,21 @@ async def test_a_pool_shows_its_totals_and_each_envelopes_line() -> None:
         "Closed",
     ]
     assert lines.index(block(shown, "ENVELOPE")[1]) < lines.index(block(shown, "ENVELOPE")[2])
+
+
+def test_a_pool_shows_its_contracts_and_peak() -> None:
+    obj = pool_object()
+    obj["spec"]["capacity"]["nvidia.com/gpu"] = "16"
+    status = ReservationPoolStatus.model_validate(obj["status"])
+    status.totals = totals({"tokens": "1M", "cost": "100", "nvidia.com/gpu": "16"})
+    status.contracts = {"nvidia.com/gpu": ContractType.REUSABLE}  # cost, tokens: defaults
+    status.peak = q({"nvidia.com/gpu": "12"})
+    obj["status"] = status.to_api()
+    pool = PoolView.from_api(obj)
+    assert pool.contracts["tokens"] is ContractType.CONSUMABLE
+    rows = words(show_pool(pool).split("\n"))
+    assert rows["nvidia.com/gpu"][1:] == ["Reusable", "16", "0", "0", "0", "16", "12"]
+    assert rows["tokens"][1:] == ["Consumable", "1000000", "0", "0", "0", "1000000", "-"]
 
 
 def test_an_empty_pool_says_so() -> None:

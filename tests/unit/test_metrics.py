@@ -11,7 +11,14 @@ import pytest
 from prometheus_client import REGISTRY
 
 from reservoir import metrics
-from reservoir.core.model import ClaimPhase, LedgerEntry, ResourceTotals, Settlement
+from reservoir.core.model import (
+    ClaimPhase,
+    ContractType,
+    LedgerEntry,
+    ResourceTotals,
+    Settlement,
+    WindowSlice,
+)
 from reservoir.core.stranded import stranded
 
 T0 = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
@@ -172,7 +179,7 @@ def test_envelope_gauges_show_the_first_envelopes_and_sum_the_rest_as_other() ->
         gauges.record("ns", f"e{n}", snapshot())
     capacity = gauge_samples(gauges, "reservoir_envelope_capacity")
     assert {(ns, env) for ns, env, *_ in capacity} == {("ns", "e0"), ("ns", "e1"), ("_other",) * 2}
-    assert capacity[("_other", "_other", "r00", "capacity")] == 30  # e2 + e3 + e4
+    assert capacity[("_other", "_other", "r00", "capacity", "Consumable")] == 30  # e2 + e3 + e4
     claims = gauge_samples(gauges, "reservoir_envelope_claims")
     assert claims[("_other", "_other", "Tentative")] == 3
     assert {k[:2] for k in gauge_samples(gauges, "reservoir_envelope_info")} == {
@@ -218,3 +225,119 @@ def test_one_namespace_cannot_crowd_the_others_out_of_a_metric(
     assert found[("team-b", "batch")] == 1
     assert found[("evil", "_other")] == 47  # its own share spent, its name kept
     assert sum(1 for ns, _ in found if ns == "evil") == 4
+
+
+# --- contracts (issue 22) -------------------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+
+
+def contracted_snapshot() -> metrics.EnvelopeSnapshot:
+    """8 GPUs all held (and a claim waiting for 4 more), 1 of 2 permits held, tokens
+    partly spent, and a rate limit of 60 per window with 40 committed in it and 5 held."""
+    d = Decimal
+    return metrics.EnvelopeSnapshot(
+        workflow_class="c",
+        totals=ResourceTotals(
+            capacity={GPU: d(8), "concurrency": d(2), "tokens": d(1000), "rpm": d(60)},
+            reserved={GPU: d(8), "concurrency": d(1), "tokens": d(200), "rpm": d(5)},
+            committed={"tokens": d(300), "rpm": d(40)},
+            available={GPU: d(0), "concurrency": d(1), "tokens": d(500), "rpm": d(15)},
+        ),
+        counts={"Running": 2, "Pending": 1},
+        stranded={},
+        ambiguity_deadline_seconds=60,
+        contracts={"rpm": ContractType.REPLENISHING},  # the rest by default
+        peak={GPU: d(8), "concurrency": d(2), "rpm": d(58)},
+        windows={
+            "rpm": [
+                WindowSlice(start=T0, returns_at=T0 + timedelta(minutes=1), amount=d(30)),
+                WindowSlice(
+                    start=T0, returns_at=T0 + timedelta(minutes=1, seconds=5), amount=d(10)
+                ),
+            ]
+        },
+        shortfall={GPU: d(4)},
+    )
+
+
+def test_envelope_gauges_say_each_resources_contract_and_its_use() -> None:
+    gauges = metrics.EnvelopeGauges()
+    gauges.record("ns", "e", contracted_snapshot())
+    capacity = gauge_samples(gauges, "reservoir_envelope_capacity")
+    assert {(k[2], k[4]) for k in capacity} == {
+        (GPU, "Reusable"),
+        ("concurrency", "Reusable"),
+        ("tokens", "Consumable"),
+        ("rpm", "Replenishing"),
+    }
+    assert capacity[("ns", "e", GPU, "available", "Reusable")] == 0
+    # In use: held, plus (Replenishing) committed in the window; nothing for tokens.
+    assert gauge_samples(gauges, "reservoir_envelope_in_use") == {
+        ("ns", "e", GPU, "Reusable"): 8,
+        ("ns", "e", "concurrency", "Reusable"): 1,
+        ("ns", "e", "rpm", "Replenishing"): 45,
+    }
+    assert gauge_samples(gauges, "reservoir_envelope_peak_in_use") == {
+        ("ns", "e", GPU, "Reusable"): 8,
+        ("ns", "e", "concurrency", "Reusable"): 2,
+        ("ns", "e", "rpm", "Replenishing"): 58,
+    }
+    assert gauge_samples(gauges, "reservoir_envelope_window_committed") == {("ns", "e", "rpm"): 40}
+    assert gauge_samples(gauges, "reservoir_envelope_shortfall") == {
+        ("ns", "e", GPU, "Reusable"): 4
+    }
+    gauges.forget("ns", "e")
+    assert all(not family.samples for family in gauges.collect())
+
+
+def test_contract_gauges_of_envelopes_past_the_cap_are_summed_as_other() -> None:
+    gauges = metrics.EnvelopeGauges(max_envelopes=1)
+    for n in range(3):
+        gauges.record("ns", f"e{n}", contracted_snapshot())
+    in_use = gauge_samples(gauges, "reservoir_envelope_in_use")
+    assert in_use[("ns", "e0", GPU, "Reusable")] == 8
+    assert in_use[("_other", "_other", GPU, "Reusable")] == 16
+    shortfall = gauge_samples(gauges, "reservoir_envelope_shortfall")
+    assert shortfall == {("ns", "e0", GPU, "Reusable"): 4, ("_other", "_other", GPU, "Reusable"): 8}
+    # Many resources: the rest is summed as resource _other, contract _other.
+    wide = metrics.EnvelopeGauges()
+    wide.record("ns", "wide", snapshot(resources=40, amount="1"))
+    contracts = {k[2]: k[4] for k in gauge_samples(wide, "reservoir_envelope_capacity")}
+    assert contracts["_other"] == "_other" and contracts["r00"] == "Consumable"
+
+
+def test_occupancy_is_counted_once_and_a_reusable_resource_has_no_consumed_ratio() -> None:
+    """Found by issue 22: a Reusable resource's C is 0 whatever the claim did (all of R
+    comes back), so its C/R said every GPU claim used nothing."""
+    klass = "unit-occupancy"
+    assert isinstance(metrics.occupancy, metrics.BoundedCounter)  # the label caps hold
+    at = T0 + timedelta(seconds=100)
+    running = LedgerEntry.model_validate(
+        {
+            "claim": "x",
+            "phase": ClaimPhase.RUNNING,
+            "reserved": {GPU: Decimal(4), "tokens": Decimal(20)},
+            "first_reserved_at": T0,
+        }
+    )
+    settled = running.model_copy(
+        update={
+            "phase": ClaimPhase.CONSUMED,
+            "consumed": {GPU: Decimal(0), "tokens": Decimal(5)},
+            "settlement": Settlement(key="k", phase=ClaimPhase.CONSUMED, reason="Done", at=at),
+        }
+    )
+    # Its devices confirmed free a write later: occupancy recorded then.
+    freed = settled.model_copy(update={"occupancy": {GPU: Decimal(400)}})
+    contracts = {GPU: ContractType.REUSABLE, "tokens": ContractType.CONSUMABLE}
+    for before, after in itertools.pairwise([{}, {"u": running}, {"u": settled}, {"u": freed}]):
+        metrics.observe_written("ns", klass, before, after, {"u": T0}, contracts)
+        metrics.observe_written("ns", klass, after, after, {"u": T0}, contracts)
+    assert sample("reservoir_claim_occupancy_seconds_total", klass, resource=GPU) == 400
+    assert sample("reservoir_claim_occupancy_seconds_total", klass, resource="tokens") == 0
+    assert sample("reservoir_claim_consumed_ratio_count", klass, resource="tokens") == 1
+    assert sample("reservoir_claim_consumed_ratio_count", klass, resource=GPU) == 0
+    # Coalesced: seen only once settled with its occupancy, it is counted once all the same.
+    metrics.observe_written("ns", f"{klass}-c", {}, {"u": freed}, {"u": T0}, contracts)
+    assert sample("reservoir_claim_occupancy_seconds_total", f"{klass}-c", resource=GPU) == 400

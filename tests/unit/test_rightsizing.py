@@ -10,12 +10,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from reservoir.core.model import ClaimPhase, LedgerEntry, Overrun, Settlement
+from reservoir.core.model import (
+    ClaimPhase,
+    ContractType,
+    LedgerEntry,
+    Overrun,
+    ReservationEnvelopeStatus,
+    Settlement,
+)
 from reservoir.core.quantity import format_quantity, parse_quantity
 from reservoir.core.rightsizing import (
+    EnvelopeUse,
     Recommendation,
     ResourceRecommendation,
     Sample,
+    contract_of,
     nearest_rank,
     recommend,
     round_ratio,
@@ -293,3 +302,203 @@ def test_overrun_of_a_resource_never_requested_is_demand_for_it() -> None:
     cost = next(r for r in result.resources if r.resource == "cost")
     assert cost.samples == 6 and cost.suggested == Decimal(3)
     assert cost.p50_reserved == 0
+
+
+# --- by contract (issue 22) -----------------------------------------------------------------
+
+GPU = "nvidia.com/gpu"
+REUSABLE, CONSUMABLE, REPLENISHING = (
+    ContractType.REUSABLE,
+    ContractType.CONSUMABLE,
+    ContractType.REPLENISHING,
+)
+
+
+def gpu_and_tokens(tokens: str) -> Sample:
+    """A claim of 4 GPUs and 20 tokens that ran: the GPUs all came back (C = 0 for a
+    Reusable resource), the tokens it used were committed."""
+    return Sample(
+        CONSUMED,
+        {GPU: D(4), "tokens": D(20)},
+        {GPU: D(0), "tokens": parse_quantity(tokens)},
+        {},
+        "Completed",
+        {GPU: REUSABLE, "tokens": CONSUMABLE},
+    )
+
+
+def used_envelope(peak: str, capacity: str = "8", name: str = GPU) -> EnvelopeUse:
+    return EnvelopeUse(
+        {name: REUSABLE}, {name: parse_quantity(capacity)}, {name: parse_quantity(peak)}
+    )
+
+
+def test_a_reusable_resource_is_judged_by_peak_use_against_capacity_not_c_against_r() -> None:
+    """Before contracts, GPUs were judged like tokens: C = 0 for every claim (its devices
+    all came back) suggested a request of 0 GPUs."""
+    samples = [gpu_and_tokens(t) for t in ("12", "5", "20", "8", "15")]
+    # sorted peaks [2, 4, 4, 6, 8]: p50 = 3rd, p95 = 5th; one envelope reached its 8.
+    envelopes = [used_envelope(p) for p in ("4", "8", "6", "2", "4")]
+    rec = recommend(samples, envelopes=envelopes)
+    assert [r.resource for r in rec.resources] == ["tokens"]  # no C/R line for the GPUs
+    assert rec.resources[0].contract is CONSUMABLE
+    assert rec.resources[0].judged_by == "consumed C against reserved R per claim"
+    assert (rec.claims, rec.envelopes) == (5, 5)
+    (gpu,) = rec.capacities
+    assert (gpu.resource, gpu.contract, gpu.envelopes) == (GPU, REUSABLE, 5)
+    assert (gpu.p50_peak, gpu.p95_peak, gpu.max_peak, gpu.p50_capacity) == (4, 8, 8, 8)
+    assert (gpu.p50_ratio, gpu.p95_ratio) == (Fraction(1, 2), Fraction(1))
+    assert (gpu.at_capacity, gpu.suggested) == (1, D(8))
+    assert gpu.judged_by == "peak concurrent use against capacity per envelope"
+    assert gpu.explanation == (
+        "p95 of the peak in use at once over 5 envelopes is 8, rounded up to 3 significant "
+        "digits as the capacity; 1 of 5 envelopes reached their capacity: claims may have "
+        "waited, and the need may be higher"
+    )
+
+
+def test_an_envelope_that_never_peaked_near_its_capacity_is_suggested_less() -> None:
+    # 20 envelopes of 16 permits: p95 is the 19th smallest peak (5), the maximum (9) is left out.
+    peaks = ["2"] * 18 + ["5", "9"]
+    rec = recommend([], envelopes=[used_envelope(p, "16", "concurrency") for p in peaks])
+    (permits,) = rec.capacities
+    assert (permits.p95_peak, permits.max_peak, permits.at_capacity) == (5, 9, 0)
+    assert (permits.suggested, permits.p95_ratio) == (D(5), Fraction(5, 16))
+    assert "reached" not in permits.explanation
+
+
+def test_a_replenishing_resource_is_judged_by_its_use_per_window_against_the_limit() -> None:
+    def window(peak: str) -> EnvelopeUse:
+        return EnvelopeUse(
+            {"requests": REPLENISHING, "tokens": CONSUMABLE},
+            {"requests": D(600), "tokens": D(1000)},
+            {"requests": parse_quantity(peak)},
+        )
+
+    # Claims consumed requests (committed into a window): not a request line of their own.
+    samples = [
+        Sample(
+            CONSUMED,
+            {"requests": D(10), "tokens": D(100)},
+            {"requests": D(3), "tokens": D(40)},
+            contracts={"requests": REPLENISHING, "tokens": CONSUMABLE},
+        )
+    ] * 5
+    # sorted peaks [90, 120, 250, 280, 300, 600]: n = 6, p50 = 3rd, p95 = 6th
+    rec = recommend(
+        samples, envelopes=[window(p) for p in ("120", "600", "250", "90", "300", "280")]
+    )
+    assert [r.resource for r in rec.resources] == ["tokens"]
+    (requests,) = rec.capacities
+    assert (requests.contract, requests.envelopes) == (REPLENISHING, 6)
+    assert (requests.p50_peak, requests.p95_peak, requests.p50_capacity) == (250, 600, 600)
+    assert (requests.at_capacity, requests.suggested) == (1, D(600))
+    assert requests.judged_by == "peak use per window against the limit per envelope"
+    assert requests.explanation.startswith(
+        "p95 of the peak in use within a window over 6 envelopes is 600, rounded up to 3 "
+        "significant digits as the limit per window; 1 of 6 envelopes reached their limit"
+    )
+
+
+def test_a_resource_kept_under_two_contracts_in_a_class_gets_a_line_per_contract() -> None:
+    """Contracts are per envelope: a class whose envelopes keep `tokens` Consumable in one
+    and Replenishing in another is judged each way over the envelopes that keep it so."""
+    consumable = Sample(CONSUMED, {"tokens": D(20)}, {"tokens": D(10)}, contracts={})
+    replenishing = Sample(
+        CONSUMED, {"tokens": D(20)}, {"tokens": D(19)}, contracts={"tokens": REPLENISHING}
+    )
+    uses = [
+        EnvelopeUse({"tokens": CONSUMABLE}, {"tokens": D(100)}, {}),
+        EnvelopeUse({"tokens": REPLENISHING}, {"tokens": D(50)}, {"tokens": D(30)}),
+    ]
+    rec = recommend([consumable, replenishing], min_samples=1, envelopes=uses)
+    (line,) = rec.resources
+    # Only the Consumable envelope's claim is a sample of C against R.
+    assert (line.samples, line.p95_consumed, line.suggested) == (1, 10, 10)
+    (window,) = rec.capacities
+    assert (window.contract, window.envelopes, window.p95_peak) == (REPLENISHING, 1, 30)
+
+
+def test_too_few_envelopes_suggest_nothing() -> None:
+    rec = recommend([], envelopes=[used_envelope("4")] * 4)
+    (gpu,) = rec.capacities
+    assert (gpu.envelopes, gpu.suggested) == (4, None)
+    assert gpu.explanation == "too few envelopes (4 < 5): no suggestion"
+    # A zero capacity has no ratio.
+    (zero,) = recommend([], 1, [used_envelope("0", "0")]).capacities
+    assert (zero.p50_ratio, zero.p95_ratio, zero.at_capacity) == (None, None, 1)
+
+
+def test_an_envelope_status_is_read_with_its_contracts_or_the_defaults() -> None:
+    pending = ReservationEnvelopeStatus()
+    assert EnvelopeUse.from_status(pending) is None  # never opened: held nothing
+    status = ReservationEnvelopeStatus.model_validate(
+        {
+            "phase": "Closed",
+            "totals": {"capacity": {GPU: "8", "concurrency": "2", "tokens": "1k", "rpm": "60"}},
+            "contracts": {"rpm": "Replenishing"},
+            "peak": {GPU: "8", "concurrency": "1", "rpm": "45"},
+        }
+    )
+    use = EnvelopeUse.from_status(status)
+    assert use is not None
+    assert {name: use.contract(name) for name in use.capacity} == {
+        GPU: REUSABLE,  # device resources and concurrency: Reusable by default
+        "concurrency": REUSABLE,
+        "tokens": CONSUMABLE,
+        "rpm": REPLENISHING,
+    }
+    rec = recommend([], 1, [use])
+    assert [(c.resource, c.contract, c.p95_peak) for c in rec.capacities] == [
+        ("concurrency", REUSABLE, 1),
+        (GPU, REUSABLE, 8),
+        ("rpm", REPLENISHING, 45),
+    ]
+    assert contract_of("tokens", {}) is CONSUMABLE and contract_of(GPU, {}) is REUSABLE
+
+
+def test_an_open_envelope_is_a_sample_once_it_has_had_something_in_use() -> None:
+    """An envelope just opened has a peak of 0 only because nothing ran yet: counted, it
+    would pull the percentiles down. A finished one that never used a resource is a 0."""
+    status = ReservationEnvelopeStatus.model_validate(
+        {
+            "phase": "Open",
+            "totals": {"capacity": {GPU: "8", "concurrency": "4"}},
+            "peak": {"concurrency": "2"},
+        }
+    )
+    use = EnvelopeUse.from_status(status)
+    assert use is not None and not use.finished
+    (permits,) = recommend([], 1, [use]).capacities  # no GPU line: none in use yet
+    assert (permits.resource, permits.p95_peak) == ("concurrency", 2)
+    closed = EnvelopeUse.from_status(status.model_copy(update={"phase": "Closed"}))
+    assert closed is not None and closed.finished
+    lines = {c.resource: c for c in recommend([], 1, [use, closed]).capacities}
+    assert (lines[GPU].envelopes, lines[GPU].max_peak) == (1, 0)
+    assert lines["concurrency"].envelopes == 2
+
+
+@given(
+    st.lists(
+        st.tuples(quantities, quantities).map(lambda pc: (min(pc), max(pc))),
+        min_size=1,
+        max_size=30,
+    )
+)
+def test_peak_percentiles_are_ordered_and_the_suggestion_covers_the_p95(
+    pairs: list[tuple[Decimal, Decimal]],
+) -> None:
+    uses = [EnvelopeUse({"slots": REUSABLE}, {"slots": c}, {"slots": p}) for p, c in pairs]
+    (line,) = recommend([], envelopes=uses).capacities
+    peaks = [p for p, _ in pairs]
+    assert line.envelopes == len(pairs)
+    assert line.p50_peak in peaks and line.p95_peak in peaks
+    assert line.p50_peak <= line.p95_peak <= line.max_peak == max(peaks)
+    assert line.at_capacity == sum(1 for p, c in pairs if p >= c)
+    if line.p50_ratio is not None and line.p95_ratio is not None:
+        assert 0 <= line.p50_ratio <= line.p95_ratio <= 1
+    if len(pairs) < 5:
+        assert line.suggested is None
+    else:
+        assert line.suggested is not None
+        assert line.p95_peak <= line.suggested <= line.p95_peak * D("1.01")

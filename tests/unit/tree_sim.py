@@ -54,6 +54,7 @@ from reservoir.core.model import (
     ChildEntry,
     ChildPhase,
     ClaimPhase,
+    ContractType,
     EnvelopePhase,
     EnvelopePolicy,
     EnvelopeState,
@@ -148,8 +149,10 @@ class World:
     changes: int = 0  # bumped by every write: runs log a snapshot per change
 
     @staticmethod
-    def with_pool(capacity: Mapping[str, Any]) -> World:
-        spec = ReservationPoolSpec(capacity=capacity, namespaces=[NAMESPACE])
+    def with_pool(capacity: Mapping[str, Any], contracts: Mapping[str, Any] | None = None) -> World:
+        spec = ReservationPoolSpec.model_validate(
+            {"capacity": capacity, "namespaces": [NAMESPACE], "contracts": contracts or {}}
+        )
         return World(pool=PoolFacts(spec=spec, name="tenant", uid="pool-uid"))
 
     def uid(self, name: str) -> str:
@@ -169,16 +172,20 @@ class World:
         policy: EnvelopePolicy = LONG_LIVED,
         uid: str | None = None,
         lifetime: int | None = None,
+        contracts: Mapping[str, Any] | None = None,
     ) -> str:
         """`uid`: another one for a name used before (the one it had must be gone)."""
         uid = uid or f"{name}-uid"
         assert uid not in self.envelopes, f"{uid} exists"
-        spec = ReservationEnvelopeSpec(
-            capacity=capacity,
-            parent=parent,
-            priority=priority,
-            policy=policy,
-            lifetime_seconds=lifetime,
+        spec = ReservationEnvelopeSpec.model_validate(
+            {
+                "capacity": capacity,
+                "parent": parent,
+                "priority": priority,
+                "policy": policy,
+                "lifetimeSeconds": lifetime,
+                "contracts": contracts or {},
+            }
         )
         self.envelopes[uid] = Envelope(uid, name, self.now, spec)
         self.changes += 1
@@ -259,6 +266,7 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
         and not status.closed_by_parent,
         record=status.parent,
         balance_released=dict(status.balance_released) if status.closed_at is not None else None,
+        contracts=envelope.spec.contracts,
     )
 
 
@@ -449,6 +457,7 @@ class Run:
                 pool.uid,
                 POOL_DEPTH,
                 pool.spec.capacity,
+                pool.spec.contracts,
                 pool_status.children.get(envelope.uid),
                 pool.deleting,
             )
@@ -464,6 +473,7 @@ class Run:
             parent.uid,
             record.depth if record is not None and admitted else None,
             parent.spec.capacity,
+            parent.spec.contracts,
             status.children.get(envelope.uid),
             parent.deleting or status.closed_by_parent,
             leads_back(envelope, (e for e, _ in seen.values())),
@@ -608,7 +618,7 @@ class Books:
         if run.pool.totals.capacity:
             check_totals("pool", run.pool.totals)
         self._lines(POOL, run.pool.children)
-        self._committed(POOL, run.pool.totals, ())
+        self._committed(POOL, run.pool.totals, (), run.pool)
         for uid in run.live():
             status = run.status(uid)
             if not status.totals.capacity:
@@ -670,7 +680,7 @@ class Books:
                 # it holds what its parent reserved for it, whatever its spec says since
                 drawn = {k: totals.capacity.get(k) for k in record.reserved}
                 assert drawn == record.reserved, f"{uid}: {totals} != {record}"
-        self._committed(uid, totals, claims)
+        self._committed(uid, totals, claims, status)
         if status.closed_at is not None:
             # Nothing it recorded at close changes again (its capacity may still grow in its
             # spec where it is its own: a root's, or what a pool does not name).
@@ -735,9 +745,16 @@ class Books:
             assert same(line.released, balance), f"{key}: returned {line.released}"
             assert same(line.consumed, committed), f"{key}: charged {line}"
 
-    def _committed(self, parent: str, totals: ResourceTotals, claims: Iterable[str]) -> None:
+    def _committed(
+        self,
+        parent: str,
+        totals: ResourceTotals,
+        claims: Iterable[str],
+        status: ReservationEnvelopeStatus | ReservationPoolStatus,
+    ) -> None:
         """committed == Σ C of its settled claims + Σ C of its settled child lines + what
-        borrowers consumed of its settled loans."""
+        borrowers consumed of its settled loans; for a Replenishing resource (issue 22),
+        what is still in its window: exactly its slices, at most that Σ C."""
         expected = self.loans_consumed(parent)
         for claim in claims:
             settled = self.claim_settled.get(claim)
@@ -746,6 +763,14 @@ class Books:
         for (where, _), line in self.line_settled.items():
             if where == parent:
                 expected = plus(expected, line.consumed)
+        for name, contract in status.contracts.items():
+            if contract is not ContractType.REPLENISHING:
+                continue
+            slices = status.windows.get(name, [])
+            in_window = sum((s.amount for s in slices), ZERO)
+            assert totals.committed.get(name, ZERO) == in_window, f"{parent} {name}: {slices}"
+            assert in_window <= expected.get(name, ZERO), f"{parent} {name}: {expected}"
+            expected[name] = in_window
         assert same(totals.committed, expected), f"{parent}: committed {totals} != {expected}"
 
     def _one_line_each(self) -> None:

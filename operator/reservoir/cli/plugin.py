@@ -6,9 +6,11 @@
     kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded [--result s3://b/out]
     kubectl reservoir result CLAIM [-n NS]              # phase, outcome, result reference, C
     kubectl reservoir history CLAIM [-n NS]             # the claim's recorded transitions
+    kubectl reservoir compensate CLAIM --amount cost=-2.50 [--amount tokens=100] \
+        --reason "refund, ticket 42" [--reference INV-7] [--key K]   # after settlement
     kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
     kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
-    kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing
+    kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing, by contract
 
 Claims created by `hold` name a lease holder, and only that holder may dispatch or renew
 them. Every invocation uses the same holder, `--holder` (default: $RESERVOIR_HOLDER, else
@@ -39,15 +41,26 @@ from reservoir.core.model import (
     ChildEntry,
     ChildPhase,
     ClaimPhase,
+    Compensation,
+    CompensationRecord,
+    ContractType,
     EnvelopePhase,
     LedgerEntry,
     ParentKind,
     ResourceTotals,
     RetryHold,
     Transition,
+    WindowSlice,
 )
 from reservoir.core.quantity import QuantityError, format_quantity
-from reservoir.core.rightsizing import Recommendation, recommend, round_ratio
+from reservoir.core.rightsizing import (
+    SUGGESTS,
+    EnvelopeUse,
+    Recommendation,
+    Sample,
+    recommend,
+    round_ratio,
+)
 from reservoir.k8s.resources import WORKFLOW_CLASS_LABEL
 from reservoir.sdk import (
     ClaimView,
@@ -67,6 +80,10 @@ def resources(pairs: Sequence[str]) -> dict[str, str]:
         name, sep, amount = pair.partition("=")
         if not sep or not name or not amount:
             raise ReservoirError(f"{pair!r}: expected RESOURCE=QUANTITY, e.g. tokens=20k")
+        if name in parsed:
+            # The last one would win silently (found by review: a refund then a charge of
+            # the same resource sent only the charge).
+            raise ReservoirError(f"{name} is given twice ({parsed[name]} and {amount}): once")
         parsed[name] = amount
     return parsed
 
@@ -129,7 +146,8 @@ def show_claim(view: ClaimView) -> str:
 
 def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:
     """A claim's line: from its ledger entry, or from its status once a settled entry was
-    compacted out of the ledger."""
+    compacted out of the ledger. The last cell is its occupancy (Reusable resources, R ×
+    seconds held), shown only when some claim has one."""
     return [
         name,
         branch or "-",
@@ -138,6 +156,7 @@ def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -
         render(record.consumed) or "-",
         render(record.released) or "-",
         record.settlement.reason if record.settlement else "-",
+        render(record.occupancy) or "-",
     ]
 
 
@@ -167,11 +186,18 @@ def show_result(view: ResultView) -> str:
         f"result:  {visible(view.result or '- (none recorded)')}",
         f"amounts: {amounts}",
     ]
+    if view.occupancy:
+        lines.append(occupancy_line(view.occupancy))
     if view.adjustment is not None:
         lines.append(adjustment_line(view.adjustment))
     if view.retry is not None:
         lines.append(retry_line(view.retry))
     return "\n".join(lines)
+
+
+def occupancy_line(occupancy: Mapping[str, Decimal]) -> str:
+    """What a claim's Reusable resources were used for: R × seconds held, all returned."""
+    return f"occupancy: {render(occupancy)} (R × seconds held; returned in full, not charged)"
 
 
 def transition_amounts(move: Transition, record: LedgerEntry | BranchClaimStatus) -> str:
@@ -239,39 +265,138 @@ def retry_line(retry: RetryHold) -> str:
     return line
 
 
-def history_lines(name: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:
-    """The transitions table, then the adjustment and the retry hold when there are."""
+def compensation_line(record: CompensationRecord) -> str:
+    """A compensation as recorded: what it moved, applied or only recorded, and why."""
+    moved = ", ".join(
+        part
+        for part in (
+            f"refunded {render(record.refunded)}" if record.refunded else "",
+            f"charged {render(record.charged)}" if record.charged else "",
+        )
+        if part
+    )
+    how = "applied" if record.applied else "recorded only (not applied to the envelope)"
+    line = (
+        f"compensation {record.key} at {timestamp(record.at)}: {moved or 'nothing moved'}; "
+        f"{how}; reason: {visible(record.reason)}"
+    )
+    if record.reference:
+        line += f"; reference: {visible(record.reference)}"
+    if record.note:
+        line += f" ({visible(record.note)})"
+    return line
+
+
+def waiting_compensation_line(asked: Compensation, settled: bool) -> str:
+    """A compensation the claim's spec asks that its record does not hold yet."""
+    amounts = ", ".join(
+        part
+        for part in (
+            f"refund {render(asked.refund)}" if asked.refund else "",
+            f"charge {render(asked.charge)}" if asked.charge else "",
+        )
+        if part
+    )
+    why = "being applied" if settled else "waits for the claim's settlement"
+    return (
+        f"compensation {asked.key}: {amounts or '-'} asked, {why}; reason: {visible(asked.reason)}"
+    )
+
+
+def history_lines(
+    name: str, record: LedgerEntry | BranchClaimStatus, asked: Sequence[Compensation] = ()
+) -> list[str]:
+    """The transitions table, then the adjustment, the retry hold and the compensations
+    (recorded, then those asked and not recorded yet) when there are."""
     lines = [f"branchclaim {name}: {record.phase.value}", history_table(record)]
     if record.adjustment is not None:
         lines.append(adjustment_line(record.adjustment))
     if record.retry is not None:
         lines.append(retry_line(record.retry))
+    lines += [compensation_line(c) for c in record.compensations]
+    recorded = {c.key for c in record.compensations}
+    settled = record.settlement is not None
+    lines += [waiting_compensation_line(a, settled) for a in asked if a.key not in recorded]
     return lines
 
 
 def show_history(view: ClaimView) -> str:
     """A claim's durable history, from its authoritative record (ledger entry, else
     status): it outlives the claim's Events and its worker."""
-    return "\n".join(history_lines(f"{view.namespace}/{view.name}", view.record))
+    name = f"{view.namespace}/{view.name}"
+    return "\n".join(history_lines(name, view.record, view.spec.compensations))
 
 
 TOTALS = ("capacity", "committed", "reserved", "reconciling", "available")
 INDENT = "  "
+# The contracts whose use comes back (when a claim ends, or when its window passes): their
+# peak in use at once is what right-sizes them.
+PEAKED = frozenset({ContractType.REUSABLE, ContractType.REPLENISHING})
 
 
-def totals_table(totals: ResourceTotals) -> str:
-    """Per resource: capacity, committed, reserved, reconciling, available; and lent and
-    borrowed when the envelope has loans with siblings."""
+def duration(seconds: int) -> str:
+    """`20s`, `5m`, `1h`, `90s`: a window's length as it was declared, in its largest
+    whole unit."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def totals_table(
+    totals: ResourceTotals,
+    contracts: Mapping[str, ContractType] | None = None,
+    peak: Mapping[str, Decimal] | None = None,
+    window_seconds: Mapping[str, int] | None = None,
+) -> str:
+    """Per resource: its contract, capacity, committed, reserved, reconciling, available;
+    lent and borrowed when the envelope has loans with siblings; the peak in use at once
+    when a resource is Reusable or Replenishing, and the window when one is Replenishing.
+    A Reusable resource's committed is always 0: all of R returns when a claim ends."""
     if not totals.capacity:
         return "(no totals recorded yet)"
+    contracts = contracts or {}
+    peak = peak or {}
+    window_seconds = window_seconds or {}
+    kinds = {contracts.get(resource) for resource in totals.capacity}
     parts = [*TOTALS[:-1], *(p for p in ("lent", "borrowed") if getattr(totals, p)), TOTALS[-1]]
-    rows = [["RESOURCE", *(part.upper() for part in parts)]]
+    peaks = bool(kinds & PEAKED)
+    windows = ContractType.REPLENISHING in kinds
+    header = ["RESOURCE", "CONTRACT", *(part.upper() for part in parts)]
+    rows = [header + ["PEAK"] * peaks + ["WINDOW"] * windows]
     for resource in sorted(totals.capacity):
-        rows.append(
-            [resource]
-            + [format_quantity(getattr(totals, part).get(resource, ZERO)) for part in parts]
-        )
+        contract = contracts.get(resource)
+        row = [resource, contract.value if contract else "-"]
+        row += [format_quantity(getattr(totals, part).get(resource, ZERO)) for part in parts]
+        if peaks:
+            row.append(format_quantity(peak.get(resource, ZERO)) if contract in PEAKED else "-")
+        if windows:
+            length = window_seconds.get(resource)
+            shown = duration(length) if length else "?"
+            row.append(shown if contract is ContractType.REPLENISHING else "-")
+        rows.append(row)
     return table(rows)
+
+
+def window_lines(
+    windows: Mapping[str, Sequence[WindowSlice]], window_seconds: Mapping[str, int]
+) -> list[str]:
+    """For each Replenishing resource with consumption still in its window: how much, and
+    when each slice of it returns (a sliding window: never before one window has passed
+    since its settlement, at most one slice after)."""
+    lines = []
+    for resource in sorted(windows):
+        slices = sorted(windows[resource], key=lambda part: part.returns_at)
+        if not slices:
+            continue
+        length = window_seconds.get(resource)
+        within = f"its {duration(length)} window" if length else "its window"
+        total = format_quantity(sum((part.amount for part in slices), ZERO))
+        returns = ", ".join(
+            f"{format_quantity(part.amount)} at {timestamp(part.returns_at)}" for part in slices
+        )
+        lines.append(f"window {resource}: {total} committed in {within}, returning {returns}")
+    return lines
 
 
 def indented(text: str, level: int) -> str:
@@ -321,10 +446,12 @@ def child_line(parent: str, entry: ChildEntry | None) -> str:
 
 
 def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> list[str]:
-    """One envelope's header, totals and claims: its ledger entries, and the settled claims
-    whose entries were compacted out of the ledger (their record lives in their status)."""
+    """One envelope's header, totals (with each resource's contract) and claims: its ledger
+    entries, and the settled claims whose entries were compacted out of the ledger (their
+    record lives in their status)."""
     status = view.status
-    lines = [envelope_header(view), totals_table(status.totals), ""]
+    totals = totals_table(status.totals, view.contracts, view.peak, view.window_seconds)
+    lines = [envelope_header(view), totals, *window_lines(view.windows, view.window_seconds), ""]
     listed = [claim_row(e.claim, e.branch, e) for e in status.entries.values()]
     listed += [
         claim_row(c.name, c.spec.branch, c.status)
@@ -332,8 +459,29 @@ def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> lis
         if c.uid not in status.entries and c.status.settlement is not None
     ]
     rows = [["CLAIM", "BRANCH", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
+    if any(row[-1] != "-" for row in listed):
+        rows[0].append("OCCUPANCY")  # Reusable resources: R × seconds held
+    else:
+        listed = [row[:-1] for row in listed]
     rows += sorted(listed, key=lambda row: (row[1], row[0]))
     lines.append(table(rows) if len(rows) > 1 else "(no claims in the ledger)")
+    compensated: list[tuple[str, LedgerEntry | BranchClaimStatus]] = [
+        (e.claim, e) for e in status.entries.values() if e.compensations
+    ]
+    compensated += [
+        (c.name, c.status)
+        for c in claims
+        if c.uid not in status.entries
+        and c.status.settlement is not None
+        and c.status.compensations
+    ]
+    if compensated:
+        lines.append("\ncompensations:")
+        lines += [
+            f"{INDENT}{claim}: {compensation_line(c)}"
+            for claim, record in sorted(compensated, key=lambda item: item[0])
+            for c in record.compensations
+        ]
     if status.balance_released:
         lines.append(f"\nbalance released at close: {render(status.balance_released)}")
     return lines
@@ -382,7 +530,8 @@ def show_pool(pool: PoolView) -> str:
     waiting = status.counts.get("Pending", 0)
     if waiting:
         header += f"; {waiting} envelope(s) waiting"
-    lines = [header, totals_table(status.totals), ""]
+    totals = totals_table(status.totals, pool.contracts, pool.peak, pool.window_seconds)
+    lines = [header, totals, *window_lines(pool.windows, pool.window_seconds), ""]
     rows = [["ENVELOPE", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
     rows += sorted(
         [
@@ -403,15 +552,22 @@ def recommendation(
     sdk: Reservoir, workflow_class: str, all_namespaces: bool
 ) -> tuple[list[EnvelopeView], Recommendation]:
     """The right-sizing of a workflow class: the settled claims of every envelope labelled
-    with it (in the namespace, or in all of them)."""
+    with it (in the namespace, or in all of them), each read with its envelope's contracts,
+    and the envelopes' peak use."""
     envelopes = sdk.envelopes({WORKFLOW_CLASS_LABEL: workflow_class}, all_namespaces)
     if not envelopes:
         where = "any namespace" if all_namespaces else sdk.namespace
         raise ReservoirError(
             f"no envelopes with label {WORKFLOW_CLASS_LABEL}={workflow_class} in {where}"
         )
-    records = [r for e in envelopes for r in sdk.settled_records(e.name, e.namespace)]
-    return envelopes, recommend(records)
+    samples = [
+        sample
+        for e in envelopes
+        for record in sdk.settled_records(e.name, e.namespace)
+        if (sample := Sample.from_entry(record, e.status.contracts)) is not None
+    ]
+    uses = [use for e in envelopes if (use := EnvelopeUse.from_status(e.status)) is not None]
+    return envelopes, recommend(samples, envelopes=uses)
 
 
 def _ratio(value: Fraction | None) -> str | None:
@@ -437,6 +593,8 @@ def recommendation_json(
             "resources": [
                 {
                     "resource": r.resource,
+                    "contract": r.contract.value,
+                    "judgedBy": r.judged_by,
                     "samples": r.samples,
                     "p50Consumed": _quantity(r.p50_consumed),
                     "p95Consumed": _quantity(r.p95_consumed),
@@ -450,6 +608,28 @@ def recommendation_json(
                     "explanation": r.explanation,
                 }
                 for r in rec.resources
+            ],
+            # Reusable and Replenishing resources: peak use of each envelope against its
+            # capacity (the limit per window), not C against R (README "Resource contracts").
+            "peakEnvelopes": rec.envelopes,
+            "capacities": [
+                {
+                    "resource": c.resource,
+                    "contract": c.contract.value,
+                    "judgedBy": c.judged_by,
+                    "envelopes": c.envelopes,
+                    "p50Peak": _quantity(c.p50_peak),
+                    "p95Peak": _quantity(c.p95_peak),
+                    "maxPeak": _quantity(c.max_peak),
+                    "p50Capacity": _quantity(c.p50_capacity),
+                    "p50PeakRatio": _ratio(c.p50_ratio),
+                    "p95PeakRatio": _ratio(c.p95_ratio),
+                    "atCapacity": c.at_capacity,
+                    "suggests": SUGGESTS[c.contract],
+                    "suggested": _quantity(c.suggested),
+                    "explanation": c.explanation,
+                }
+                for c in rec.capacities
             ],
         },
         indent=2,
@@ -465,9 +645,24 @@ def show_recommendation(
         f"{len(envelopes)} envelope(s), {rec.claims} settled Consumed claim(s) counted "
         f"(excluded: {excluded})"
     ]
-    if not rec.resources:
+    if not rec.resources and not rec.capacities:
         lines.append("(no claim of this class has settled Consumed yet: nothing to suggest)")
         return "\n".join(lines)
+    if rec.resources:
+        lines += ["", "Consumable: consumed C against reserved R per claim", ""]
+        lines += _consumable_table(rec)
+    if rec.capacities:
+        lines += [
+            "",
+            "Reusable and Replenishing: peak use against capacity (the limit per window) "
+            f"per envelope, over {rec.envelopes} opened envelope(s)",
+            "",
+        ]
+        lines += _capacity_table(rec)
+    return "\n".join(lines)
+
+
+def _consumable_table(rec: Recommendation) -> list[str]:
     rows = [
         [
             "RESOURCE",
@@ -491,9 +686,48 @@ def show_recommendation(
                 _quantity(r.suggested) or "-",
             ]
         )
-    lines += [table(rows), ""]
-    lines += [f"{r.resource}: {r.explanation}" for r in rec.resources]
-    return "\n".join(lines)
+    return [
+        table(rows),
+        "",
+        *(f"{r.resource} ({r.contract.value}): {r.explanation}" for r in rec.resources),
+    ]
+
+
+def _capacity_table(rec: Recommendation) -> list[str]:
+    rows = [
+        [
+            "RESOURCE",
+            "CONTRACT",
+            "ENVELOPES",
+            "P50 PEAK",
+            "P95 PEAK",
+            "P50 CAPACITY",
+            "P95 PEAK/CAPACITY",
+            "AT CAPACITY",
+            "SUGGESTED",
+        ]
+    ]
+    for c in rec.capacities:
+        rows.append(
+            [
+                c.resource,
+                c.contract.value,
+                str(c.envelopes),
+                format_quantity(c.p50_peak),
+                format_quantity(c.p95_peak),
+                format_quantity(c.p50_capacity),
+                _ratio(c.p95_ratio) or "-",
+                str(c.at_capacity),
+                f"{_quantity(c.suggested)} ({SUGGESTS[c.contract]})"
+                if c.suggested is not None
+                else "-",
+            ]
+        )
+    return [
+        table(rows),
+        "",
+        *(f"{c.resource} ({c.contract.value}): {c.explanation}" for c in rec.capacities),
+    ]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -540,12 +774,30 @@ def parser() -> argparse.ArgumentParser:
 
     for verb, text in [
         ("result", "what became of a claim: phase, outcome, result reference, C and R − C"),
-        ("history", "a claim's recorded transitions, with its adjustment and retry hold"),
+        ("history", "a claim's recorded transitions, adjustment, retry hold, compensations"),
     ]:
         read = verbs.add_parser(verb, help=text)
         read.add_argument("claim")
         # Also after the verb (`result CLAIM -n NS`); SUPPRESS keeps a -n given before it.
         read.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help="namespace")
+
+    compensate = verbs.add_parser(
+        "compensate",
+        help="a reversal or follow-up charge after settlement, applied once (by its key)",
+    )
+    compensate.add_argument("claim")
+    compensate.add_argument(
+        "--amount",
+        action="append",
+        required=True,
+        metavar="RESOURCE=SIGNED_QUANTITY",
+        help="negative: given back (a refund, a void); positive: charged. Repeatable.",
+    )
+    compensate.add_argument("--reason", required=True, help="why, for the record")
+    compensate.add_argument("--reference", help="the business record: invoice, refund, auth")
+    compensate.add_argument(
+        "--key", help="idempotency key (default: a hash of amount, reason and reference)"
+    )
 
     ledger = verbs.add_parser(
         "ledger", help="an envelope's totals and claims, then its child envelopes' (a tree)"
@@ -595,6 +847,11 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
         return show_result(sdk.result(args.claim))
     if args.verb == "history":
         return show_history(sdk.get(args.claim))
+    if args.verb == "compensate":
+        view = sdk.compensate(
+            args.claim, resources(args.amount), args.reason, args.reference, args.key
+        )
+        return show_history(view)
     view = sdk.get(args.claim)
     if args.verb == "dispatch":
         view = sdk.dispatch(view)

@@ -175,10 +175,12 @@ def settle_loans(
     siblings: Mapping[str, SiblingFacts],
     force_settle_gone: Mapping[str, str],
     now: datetime,
+    reusable: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, Decimal], list[LedgerEvent]]:
     """Take back what borrowers recorded as repaid; settle loans repaid in full, or whose
     borrower closed (the unrepaid part is committed here), or that a closed borrower never
-    drew on. Returns what is committed here by this pass, and the events."""
+    drew on. Returns what is committed here by this pass, and the events. A loan of a
+    `reusable` resource is a loan of occupancy: never committed, it comes back whole."""
     committed: dict[str, Decimal] = {}
     events: list[LedgerEvent] = []
     for uid, loan in list(status.loans.items()):
@@ -195,7 +197,7 @@ def settle_loans(
         if sibling is None:
             why = force_settle_gone.get(uid, force_settle_gone.get(loan.borrower))
             if why is not None:  # gone with the rest unknown: what is owed is charged
-                owing = owed(loan)
+                owing = {k: v for k, v in owed(loan).items() if k not in reusable}
                 events += _settle(loan, uid, dict(loan.repaid), owing, now, why)
                 committed = add(committed, owing)
             continue
@@ -219,7 +221,7 @@ def settle_loans(
         if not owed(record):
             events += _settle(loan, uid, dict(loan.amount), {}, now, "repaid in full")
         elif record.closed_at is not None:
-            consumed = owed(record)
+            consumed = {k: v for k, v in owed(record).items() if k not in reusable}
             events += _settle(loan, uid, dict(loan.repaid), consumed, now, "its borrower closed")
             committed = add(committed, consumed)
     return committed, events

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
+from reservoir.core.contracts import mismatch, resolve, reusable
 from reservoir.core.ledger import ZERO, add, fits, nonzero, render, subtract, within
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
@@ -32,6 +33,7 @@ from reservoir.core.model import (
     MAX_ENVELOPE_CHILDREN,
     ChildEntry,
     ChildPhase,
+    Contract,
     ParentKind,
     ParentRecord,
 )
@@ -52,6 +54,7 @@ class ChildFacts:
     accepting: bool = True  # not closed, expired or being deleted: it may still be admitted
     record: ParentRecord | None = None  # the child's own record of where it draws from
     balance_released: Mapping[str, Decimal] | None = None  # set once the child has closed
+    contracts: Mapping[str, Contract] = field(default_factory=dict)  # as the child declares
 
     @property
     def queue_key(self) -> QueueKey:
@@ -83,6 +86,7 @@ class ChildLedger:
     max_lines: int = MAX_ENVELOPE_CHILDREN
     events: list[LedgerEvent] = field(default_factory=list)
     pending: dict[str, Admission] = field(default_factory=dict)  # child uid -> why waiting
+    contracts: Mapping[str, Contract] = field(default_factory=dict)  # as the parent declares
 
     def _note(self, uid: str, entry: ChildEntry, reason: str, message: str) -> None:
         self.events.append(LedgerEvent(uid, entry.envelope, reason, message))
@@ -150,6 +154,10 @@ def _settle(
     message: str,
 ) -> None:
     entry.phase = ChildPhase.SETTLED
+    # A Reusable resource is never spent: a child (even one gone and force-settled) gives
+    # all of it back (found by review: a gone child's GPUs were committed for good).
+    kept = reusable(resolve(entry.reserved, ledger.contracts))
+    consumed = {k: v for k, v in consumed.items() if k not in kept}
     entry.consumed = nonzero(consumed)
     entry.released = {
         k: v for k, v in subtract(entry.reserved, consumed).items() if v != ZERO or k in consumed
@@ -178,13 +186,23 @@ def drawn_part(
 
 
 def child_problem(
-    capacity: Mapping[str, Decimal], parent_capacity: Mapping[str, Decimal], parent_depth: int
+    capacity: Mapping[str, Decimal],
+    parent_capacity: Mapping[str, Decimal],
+    parent_depth: int,
+    contracts: Mapping[str, Contract] | None = None,
+    parent_contracts: Mapping[str, Contract] | None = None,
 ) -> str | None:
     """Why a child can never be admitted by this parent (shown by the child, skipped by the
-    parent), or None."""
+    parent), or None. `contracts` are each side's declared ones."""
     unknown = sorted(set(capacity) - set(parent_capacity))
     if unknown:
         return f"its parent has no budget for {names(unknown)}"
+    differ = mismatch(
+        resolve(capacity, contracts or {}), resolve(parent_capacity, parent_contracts or {})
+    )
+    if differ:
+        # A resource comes back one way: a GPU its parent reuses cannot be spent here.
+        return f"ContractMismatch: its parent keeps {names(differ)} under another contract"
     too_big = sorted(k for k, v in capacity.items() if v > parent_capacity[k])
     if too_big:
         return f"it asks for more than its parent's whole capacity of {names(too_big)}"
@@ -218,7 +236,9 @@ def admit_child(
             ledger._note(child.uid, entry, "ChildWithdrawn", f"never admitted: {why}")
         return blocked_by
     wanted = drawn_part(ledger.parent.kind, child.capacity, parent_capacity)
-    problem = child_problem(wanted, parent_capacity, parent_depth)
+    problem = child_problem(
+        wanted, parent_capacity, parent_depth, child.contracts, ledger.contracts
+    )
     if problem is not None:
         ledger.pending[child.uid] = Admission(False, "CannotAdmit", problem, permanent=True)
         return blocked_by
@@ -263,6 +283,7 @@ class ParentView:
     uid: str | None = None  # None: not found
     depth: int | None = None  # the parent's recorded depth; None while it is not open
     capacity: Mapping[str, Decimal] = field(default_factory=dict)
+    contracts: Mapping[str, Contract] = field(default_factory=dict)  # as the parent declares
     line: ChildEntry | None = None  # its ledger's line for this child
     deleting: bool = False
     cycle: bool = False  # following the parents leads back to this envelope
@@ -285,6 +306,7 @@ def draw_record(
     parent: ParentView | None,
     capacity: Mapping[str, Decimal],
     now: datetime,
+    contracts: Mapping[str, Contract] | None = None,
 ) -> Admitted:
     """Where this envelope draws from, recorded once: a root when it has no parent, the
     parent's once its ledger holds the line, "withdrawn" once the parent recorded that it
@@ -312,10 +334,12 @@ def draw_record(
                 )
             )
         return Admitted(base.model_copy(update={"settled": line}))  # withdrawn
-    return Admitted(None, _why_waiting(parent, capacity))
+    return Admitted(None, _why_waiting(parent, capacity, contracts or {}))
 
 
-def _why_waiting(parent: ParentView, capacity: Mapping[str, Decimal]) -> str:
+def _why_waiting(
+    parent: ParentView, capacity: Mapping[str, Decimal], contracts: Mapping[str, Contract]
+) -> str:
     what = f"{parent.kind.value} {parent.name}"
     if parent.cycle:
         return f"its parents form a cycle through {parent.name}: it can never be admitted"
@@ -324,7 +348,11 @@ def _why_waiting(parent: ParentView, capacity: Mapping[str, Decimal]) -> str:
     if parent.depth is None:
         return f"waiting for {what} to open"
     problem = child_problem(
-        drawn_part(parent.kind, capacity, parent.capacity), parent.capacity, parent.depth
+        drawn_part(parent.kind, capacity, parent.capacity),
+        parent.capacity,
+        parent.depth,
+        contracts,
+        parent.contracts,
     )
     if problem is not None:
         return f"{what} cannot admit it: {problem}"

@@ -69,7 +69,7 @@ def claim_status(
         released=entry.released,
         usage=entry.usage,
         lease=_lease(entry),
-        placement=placement or _placement(entry.devices),
+        placement=placement or _placement(entry),
         settlement=entry.settlement,
         late=entry.late if entry.settlement else None,
         overrun=entry.overrun,
@@ -78,6 +78,10 @@ def claim_status(
         history=entry.history,
         adjustment=entry.adjustment,
         retry=entry.retry,
+        occupancy=entry.occupancy,
+        work_ended_at=entry.work_ended_at,
+        reusable_returned=entry.reusable_returned,
+        compensations=entry.compensations,
         # Bound once to the envelope that decided on it (issue 21 #3).
         envelope_uid=previous.envelope_uid or envelope_uid or None,
         conditions=merge_conditions(
@@ -101,10 +105,19 @@ def set_aside(
     return previous.model_copy(update={"conditions": conditions})
 
 
-def _placement(held: DeviceHold | None) -> PlacementStatus | None:
+def _placement(entry: LedgerEntry) -> PlacementStatus | None:
+    """Its devices, and the hand-off: a record that comes back into the ledger (a late
+    adjustment) keeps both (found by the coalescing audit: the hand-off was lost)."""
+    held = entry.devices
     if held is None:
         return None
-    return PlacementStatus(node=held.node, devices=held.devices, devices_released=held.released)
+    return PlacementStatus(
+        node=held.node,
+        devices=held.devices,
+        devices_released=held.released,
+        handed_off_at=entry.handed_off_at,
+        handed_off_to=entry.handed_off_to,
+    )
 
 
 def _lease(entry: LedgerEntry) -> LeaseStatus | None:
@@ -214,6 +227,12 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.history,
         entry.adjustment,
         entry.retry,
+        entry.occupancy,
+        entry.work_ended_at,
+        entry.reusable_returned,
+        entry.handed_off_at if entry.devices is not None else None,
+        entry.handed_off_to if entry.devices is not None else None,
+        entry.compensations,
     )
 
 
@@ -247,12 +266,18 @@ def settled_record(
         overrun=status.overrun,
         late=status.late,
         devices=_device_hold(status.placement),
+        handed_off_at=status.placement.handed_off_at if status.placement else None,
+        handed_off_to=status.placement.handed_off_to if status.placement else None,
         settlement=status.settlement,
         provider=status.provider,
         result=status.result,
         history=status.history,
         adjustment=status.adjustment,
         retry=status.retry,
+        occupancy=status.occupancy,
+        work_ended_at=status.work_ended_at,
+        reusable_returned=status.reusable_returned,
+        compensations=status.compensations,
     )
 
 

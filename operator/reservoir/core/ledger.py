@@ -93,13 +93,13 @@ def compute_totals(
     Raises InvariantViolationError rather than produce a ledger that overdraws a dimension."""
     entries = list(entries)
     lent, borrowed = lent or {}, borrowed or {}
-    held = total(e.reserved for e in entries if e.phase.holds_capacity and not _detached(e))
+    held = total(still_held(e) for e in entries if e.phase.holds_capacity and not _detached(e))
     # A settled claim's devices stay held until the scheduler confirms their release.
     held = add(held, total(devices_in_use(e) for e in entries))
     # What failed attempts keep for their branch's next attempt is reserved for it.
     held = add(held, total(e.retry.resources for e in entries if e.retry and e.retry.active))
     held = add(held, total(c.reserved for c in children if c.phase is ChildPhase.RESERVED))
-    reconciling = total(e.reserved for e in entries if _detached(e))
+    reconciling = total(still_held(e) for e in entries if _detached(e))
     dimensions = set(capacity)
     stray = (set(held) | set(reconciling) | set(committed) | set(lent) | set(borrowed)) - dimensions
     if stray:
@@ -116,6 +116,14 @@ def compute_totals(
     )
     check_invariant(totals)
     return totals
+
+
+def still_held(entry: LedgerEntry) -> dict[str, Decimal]:
+    """What a live claim holds: its R, less the Reusable part returned once its work was
+    known to be over (issue 22: a permit comes back while the tokens wait for the usage)."""
+    if not entry.reusable_returned:
+        return dict(entry.reserved)
+    return subtract(entry.reserved, entry.reusable_returned)
 
 
 def devices_in_use(entry: LedgerEntry) -> dict[str, Decimal]:

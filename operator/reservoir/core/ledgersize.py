@@ -29,6 +29,7 @@ from reservoir.core.model import (
     MAX_RESULT_LENGTH,
     MAX_TRANSITIONS,
     SUMMARY_LENGTH,
+    WINDOW_SLICES,
     LedgerEntry,
     ReservationEnvelopeStatus,
 )
@@ -83,11 +84,28 @@ def map_bytes(dimensions: Iterable[str]) -> int:
     return 2 + sum(len(name) + 4 + LONGEST_QUANTITY for name in dimensions)
 
 
+# One slice of a Replenishing resource's window (issue 22), at its bounds.
+WINDOW_SLICE_BYTES = LONGEST_QUANTITY + len(
+    '{"start":"2026-01-01T00:00:00.000000Z","returnsAt":"2026-01-01T00:00:00.000000Z","amount":},'
+)
+CONTRACT_BYTES = len('"":"Replenishing",')
+
+
 def base_bytes(dimensions: frozenset[str]) -> int:
-    """Everything in the status but the entries, at its largest: the seven totals, the
-    three summary strings, the counts and the conditions."""
-    summary = 3 * (SUMMARY_LENGTH + 16)
-    return 7 * map_bytes(dimensions) + summary + COUNTS_BYTES + MAX_CONDITIONS * CONDITION_BYTES
+    """Everything in the status but the entries, at its largest: the seven totals and the
+    peak, the four summary strings, the counts, the conditions, every resource's contract
+    and every Replenishing window at its most slices."""
+    summary = 4 * (SUMMARY_LENGTH + 16)
+    contracts = sum(len(name) + CONTRACT_BYTES for name in dimensions)
+    windows = sum(len(name) + 6 + (WINDOW_SLICES + 1) * WINDOW_SLICE_BYTES for name in dimensions)
+    return (
+        8 * map_bytes(dimensions)
+        + summary
+        + COUNTS_BYTES
+        + MAX_CONDITIONS * CONDITION_BYTES
+        + contracts
+        + windows
+    )
 
 
 def entry_bytes(entry: LedgerEntry) -> int:
@@ -120,7 +138,9 @@ def projected_bytes(entry: LedgerEntry, dimensions: frozenset[str]) -> int:
     if entry.settlement is not None:
         # a late report replaces the baseline's usage
         return size + map_bytes(dimensions) + records
-    return size + 3 * reserved + 3 * map_bytes(dimensions) + GROWING_SCALARS_BYTES + records
+    # Settlement adds consumed, released and a Reusable resource's occupancy; the end of
+    # its work, the Reusable part returned early (issue 22).
+    return size + 5 * reserved + 3 * map_bytes(dimensions) + GROWING_SCALARS_BYTES + records
 
 
 def child_line_bytes(dimensions: Iterable[str]) -> int:

@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from decimal import Decimal
 
+from reservoir.core.contracts import occupancy
 from reservoir.core.devices import DeviceFacts
 from reservoir.core.ledger import ZERO, add, positive, render, subtract
 from reservoir.core.ledgersize import cut_bytes
@@ -159,6 +160,12 @@ class Step:
     # The envelope's resources: reports are recorded over these only, so an entry's size
     # is bounded by its envelope (see reservoir.core.ledgersize), whatever a worker sends.
     dimensions: frozenset[str] | None = None
+    # The envelope's Reusable resources (reservoir.core.contracts): all of R returns when
+    # the claim ends, and usage reported for them is occupancy, never a charge.
+    reusable: frozenset[str] = frozenset()
+    # Its Replenishing resources: what they commit returns with its window, so a late
+    # completion never adjusts them (the window may have returned the charge already).
+    windowed: frozenset[str] = frozenset()
     events: list[LedgerEvent] = field(default_factory=list)
     # This pass recorded a terminal answer that says what was used: the claim settles on it.
     answer_settles: bool = False
@@ -211,11 +218,16 @@ def settle(
     message: str = "",
     trigger: Trigger = Trigger.WORKER,
 ) -> None:
-    """The one settlement: commit C, return R − C. Never applied twice."""
+    """The one settlement: commit C, return R − C, per resource by its contract: a Reusable
+    resource commits nothing (all of R returns, devices once the scheduler frees them) and
+    records its occupancy instead. Never applied twice."""
     entry = step.entry
     assert entry.settlement is None and not entry.phase.terminal, "settles at most once"
-    entry.consumed = {k: v for k, v in (consumed or {}).items() if k in entry.reserved}
+    entry.consumed = {
+        k: v for k, v in (consumed or {}).items() if k in entry.reserved and k not in step.reusable
+    }
     entry.released = subtract(entry.reserved, entry.consumed)
+    entry.occupancy = occupancy(entry.reserved, step.reusable, entry.first_reserved_at, step.now)
     entry.settlement = Settlement(
         key=settlement_key(step.facts), phase=phase, reason=reason, outcome=outcome, at=step.now
     )
@@ -228,7 +240,15 @@ def settle(
     # Devices are held by their allocation, not by the ledger: they stay counted until the
     # scheduler confirms the release (ledger.devices_in_use), and a next attempt gets its
     # own allocation; kept for a retry too, they were counted twice (found by review).
-    returned = {k: v for k, v in positive(entry.released).items() if k not in DEVICE_CLASSES}
+    # Only what it did not consume: a Reusable resource (a permit, a slot) is not spent, so
+    # a next attempt queues for one like any claim. Kept, it differed with what the operator
+    # saw: a permit returned when the provider said the work was over was kept again when
+    # the final report came in the same look (found by review: reconcile raised).
+    returned = {
+        k: v
+        for k, v in positive(entry.released).items()
+        if k not in DEVICE_CLASSES and k not in step.reusable
+    }
     if outcome is Outcome.FAILED and window is not None and returned:
         # A failed attempt keeps what it did not use for the branch's next attempt.
         entry.retry = RetryHold(resources=returned, until=step.now + timedelta(seconds=window))
@@ -299,14 +319,17 @@ def advance(
     dimensions: frozenset[str] | None = None,
     room: dict[str, Decimal] | None = None,
     adjust: bool = True,
+    reusable: frozenset[str] = frozenset(),
+    windowed: frozenset[str] = frozenset(),
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
     deleting): its claims' leases are not extended. `dimensions` are the envelope's
     resources, the only ones reports are recorded over. `room` is what the envelope has
     available for a late completion's charge (drawn down here); None: it cannot adjust,
-    only record. `adjust` False defers a late completion to a later pass altogether."""
-    step = Step(entry, facts, now, dimensions)
+    only record. `adjust` False defers a late completion to a later pass altogether.
+    `reusable` and `windowed` are the envelope's Reusable and Replenishing resources."""
+    step = Step(entry, facts, now, dimensions, reusable, windowed)
     if entry.phase.terminal:
         record_answer(step, policy)
         record_after_settlement(step)
@@ -352,7 +375,10 @@ def record_report(step: Step, usage: Mapping[str, Decimal], final: bool) -> None
     entry = step.entry
     record_running_max(entry, usage)
     reported = step.kept(usage)
-    excess = {k: v - entry.reserved.get(k, ZERO) for k, v in reported.items()}
+    # A Reusable resource's usage is occupancy: more than was held is not a charge.
+    excess = {
+        k: v - entry.reserved.get(k, ZERO) for k, v in reported.items() if k not in step.reusable
+    }
     excess = {k: v for k, v in excess.items() if v > ZERO}
     if not excess:
         return
@@ -592,6 +618,10 @@ def advance_tentative(step: Step) -> None:
         step.move(ClaimPhase.COMMITTED, reason, "claim committed", commit_trigger(facts))
     elif spec.final:
         # A final report without any usage on a claim never dispatched: it did not run.
+        if facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
+            # The cancel asked while its pod could still start is recorded as the operator
+            # that saw the cancel first records it (found by the coalescing audit).
+            entry.cancel_requested = True
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
     elif facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
         # A workload pod that may still bind and start: the cancel cannot confirm that the
@@ -648,6 +678,8 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         return
     if said is not None and said.terminal and settle_on_answer(step, said):
         return
+    if said in WORK_ENDED:
+        return_reusable(step)
     if workload_gone(entry, facts):
         entry.detached_at = step.now
         step.move(
@@ -660,6 +692,33 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         )
     if entry.phase is ClaimPhase.DETACHED:
         apply_deadline(step, policy)
+
+
+# The provider's answers that say the work is over, whatever it used.
+WORK_ENDED = (ProviderState.SUCCEEDED, ProviderState.FAILED, ProviderState.CANCELLED)
+
+
+def return_reusable(step: Step) -> None:
+    """The work is over but what it used is not known yet: its Reusable resources come
+    back now (a permit is free once the work ends), its Consumable ones wait for the usage
+    (lease-renewal.txt: "separate identifiers, authorities, and lifecycle rules"). Devices
+    follow the scheduler: they come back once their allocation is gone (reservoir.core.
+    reconcile lets the hold go and records it)."""
+    entry = step.entry
+    if entry.work_ended_at is not None:
+        return
+    entry.work_ended_at = step.now
+    entry.reusable_returned = {
+        name: amount
+        for name, amount in entry.reserved.items()
+        if name in step.reusable and name not in DEVICE_CLASSES and amount > ZERO
+    }
+    step.note(
+        "ReusableReturned",
+        "the provider says the work is over: its reusable resources "
+        f"{render(entry.reusable_returned) or '(devices, once freed)'} return now; the rest "
+        "waits for the usage",
+    )
 
 
 def settle_on_answer(step: Step, said: ProviderState) -> bool:
@@ -873,9 +932,20 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
     used = {
         k: min(max(usage.get(k, ZERO), entry.usage.get(k, ZERO)), r)
         for k, r in entry.reserved.items()
+        # Reusable: never charged. Replenishing: returned by its window (found by review:
+        # returned twice once the window had passed).
+        if k not in step.reusable and k not in step.windowed
     }
     applied = policy.late_completion is LateCompletion.ADJUST and room is not None
-    returned = positive(subtract(entry.consumed, used))
+    # Never more than the claim is charged now: a compensation may have refunded part of
+    # its charge already (found by review: a refund then the late report went below zero).
+    net = charged_now(entry)
+    was_charged = {k: v for k, v in entry.consumed.items() if k in used}
+    returned = {
+        k: min(v, max(net.get(k, ZERO), ZERO))
+        for k, v in positive(subtract(was_charged, used)).items()
+    }
+    returned = positive(returned)
     owed = positive(subtract(used, entry.consumed))
     charged = {k: min(v, (room or {}).get(k, ZERO)) if applied else v for k, v in owed.items()}
     charged = positive(charged)
@@ -893,6 +963,19 @@ def adjust_late(step: Step, policy: EnvelopePolicy, room: dict[str, Decimal] | N
         + ("" if applied else " (recorded only: policy Record, or the envelope is not open)"),
         warning=True,
     )
+
+
+def charged_now(entry: LedgerEntry) -> dict[str, Decimal]:
+    """What a settled claim is charged now, per resource: its consumption, plus an applied
+    late adjustment, plus the compensations applied so far."""
+    net = dict(entry.consumed)
+    adjustment = entry.adjustment
+    if adjustment is not None and adjustment.applied:
+        net = subtract(add(net, adjustment.charged), adjustment.returned)
+    for record in entry.compensations:
+        if record.applied:
+            net = subtract(add(net, record.charged), record.refunded)
+    return net
 
 
 def close_retry_window(step: Step, open_now: bool) -> None:

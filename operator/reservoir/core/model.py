@@ -970,6 +970,15 @@ class LedgerEntry(Model):
         "Reusable resources: R times the seconds it was held (device-seconds, "
         "permit-seconds), recorded at settlement, for right-sizing. Never charged."
     )
+    work_ended_at: datetime | None = Field(
+        default=None,
+        description="When the work was known to have ended (the provider's terminal answer) "
+        "while its usage was still unknown: its Reusable resources returned then.",
+    )
+    reusable_returned: ResourceMap = recorded_map(
+        "Reusable resources returned before settlement, once the work ended (devices once "
+        "the scheduler freed them); the rest waits for the usage."
+    )
     compensations: list[CompensationRecord] = compensations_field()
 
 
@@ -1532,9 +1541,13 @@ class BranchClaimSpec(Model):
             "default": [],
             "x-kubernetes-validations": [
                 {
-                    "rule": "size(self) >= size(oldSelf) && oldSelf.all(o, self.exists(n, n == o))",
-                    "message": "compensations are append-only: one sent is never changed or "
-                    "removed (send a new one with its own key)",
+                    # Appended at the end only: they apply in the order sent, and the order
+                    # decides what a capped refund gives back (found by review: reordered,
+                    # the same two moved different amounts).
+                    "rule": "size(self) >= size(oldSelf) && "
+                    "oldSelf.all(o, self.indexOf(o) == oldSelf.indexOf(o))",
+                    "message": "compensations are append-only: one sent is never changed, "
+                    "moved or removed (send a new one with its own key, at the end)",
                 },
                 {
                     "rule": "self.all(a, self.exists_one(b, b.key == a.key))",
@@ -1583,6 +1596,13 @@ class PlacementStatus(Model):
         description="After settlement: the allocation is gone, the devices are free again. "
         "Until then they count as settled but still occupied.",
     )
+    handed_off_at: datetime | None = Field(
+        default=None,
+        description="When its devices were handed to its workload pod (the commit point).",
+    )
+    handed_off_to: str | None = Field(
+        default=None, max_length=64, description="The UID of that workload pod."
+    )
 
 
 class BranchClaimStatus(Model):
@@ -1618,6 +1638,14 @@ class BranchClaimStatus(Model):
     )
     occupancy: ResourceMap = recorded_map(
         "Reusable resources: R times the seconds held, recorded at settlement."
+    )
+    work_ended_at: datetime | None = Field(
+        default=None,
+        description="When the work was known to have ended before its usage: its Reusable "
+        "resources returned then (status.reusableReturned).",
+    )
+    reusable_returned: ResourceMap = recorded_map(
+        "Reusable resources returned before settlement, once the work ended."
     )
     compensations: list[CompensationRecord] = compensations_field()
     queue_reason: str | None = Field(

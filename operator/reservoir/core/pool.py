@@ -19,10 +19,19 @@ from reservoir.core.budgets import (
     waiting_children,
 )
 from reservoir.core.conditions import Desired, merge_conditions
+from reservoir.core.contracts import (
+    raise_peak,
+    resolve,
+    reusable,
+    summary,
+    types,
+    uncommit_reusable,
+)
 from reservoir.core.ledger import compute_totals, one_line
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
+    SUMMARY_LENGTH,
     ChildPhase,
     EnvelopeSummary,
     ParentKind,
@@ -30,6 +39,8 @@ from reservoir.core.model import (
     ReservationPoolStatus,
 )
 from reservoir.core.policy import Admission
+from reservoir.core.text import bounded
+from reservoir.core.windows import expire_windows, next_return, record_windows
 
 POOL_DEPTH = 0
 
@@ -49,6 +60,7 @@ class PoolReconciliation:
     status: ReservationPoolStatus
     events: list[LedgerEvent]
     pending: dict[str, Admission]  # envelope uid -> why it waits
+    wake_at: datetime | None = None  # when a Replenishing window returns something
 
 
 def reconcile_pool(
@@ -62,12 +74,19 @@ def reconcile_pool(
     confirmed gone by the caller. Envelopes that opened as roots before the pool covered
     their namespace are shown (condition AllEnvelopesCapped), never capped after the fact."""
     ledger = status.model_copy(deep=True)
+    contracts = resolve(pool.spec.capacity, pool.spec.contracts)
+    # What closed envelopes committed of a Replenishing resource returns a window later.
+    committed, ledger.windows = expire_windows(
+        ledger.totals.committed, ledger.windows, contracts, now
+    )
+    committed = uncommit_reusable(committed, reusable(contracts))  # as in reconcile
     children = ChildLedger(
         ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
         ledger.children,
         now,
-        dict(ledger.totals.committed),
+        committed,
         max_lines=pool_lines(frozenset(pool.spec.capacity)),
+        contracts=pool.spec.contracts,
     )
     settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
     balance = compute_totals(
@@ -87,9 +106,12 @@ def reconcile_pool(
             not pool.deleting,
             blocked_by,
         )
+    ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
     ledger.totals = compute_totals(
         pool.spec.capacity, children.committed, (), ledger.children.values()
     )
+    ledger.contracts = types(contracts)
+    ledger.peak = raise_peak(ledger.peak, ledger.totals, contracts)
     counts: dict[str, int] = {}
     for entry in ledger.children.values():
         counts[entry.phase.value] = counts.get(entry.phase.value, 0) + 1
@@ -101,6 +123,7 @@ def reconcile_pool(
         available=one_line(ledger.totals.available),
         committed=one_line(ledger.totals.committed),
         live=sum(1 for e in ledger.children.values() if e.phase is ChildPhase.RESERVED),
+        contracts=bounded(summary(contracts), SUMMARY_LENGTH),
     )
     uncapped = sorted(
         f"{e.namespace}/{e.name}"
@@ -130,4 +153,6 @@ def reconcile_pool(
         pool.generation,
     )
     ledger.observed_generation = pool.generation
-    return PoolReconciliation(ledger, children.events, children.pending)
+    return PoolReconciliation(
+        ledger, children.events, children.pending, next_return(ledger.windows)
+    )

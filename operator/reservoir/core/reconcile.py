@@ -46,7 +46,18 @@ from reservoir.core.budgets import (
     waiting_children,
 )
 from reservoir.core.claimstatus import settled_view
+from reservoir.core.compensation import compensate
 from reservoir.core.conditions import Desired, merge_conditions
+from reservoir.core.contracts import (
+    Contracts,
+    of_type,
+    raise_peak,
+    resolve,
+    reusable,
+    summary,
+    types,
+    uncommit_reusable,
+)
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
 from reservoir.core.ledger import (
     ZERO,
@@ -71,10 +82,12 @@ from reservoir.core.lifecycle import (
 )
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
+    SUMMARY_LENGTH,
     BorrowRequest,
     BranchClaimSpec,
     ChildPhase,
     ClaimPhase,
+    ContractType,
     DeviceHold,
     EnvelopePhase,
     EnvelopePolicy,
@@ -108,6 +121,7 @@ from reservoir.core.provider import (
     needs_lookup,
 )
 from reservoir.core.text import MESSAGE_LENGTH, bounded
+from reservoir.core.windows import expire_windows, next_return, record_windows, refill_note
 
 # Claims that never held anything get a ledger entry only while the ledger is at most half
 # full, so rejections can never crowd out admissions (live claims are capped at half).
@@ -196,6 +210,13 @@ class Reconciliation:
     # Retry holds (by id) a retry waiting for its devices counts on in this pass.
     holds_in_use: set[int] = field(default_factory=set)
     envelope_uid: str = ""  # the envelope's UID: a claim's status is bound to it
+    # Every resource's contract (reservoir.core.contracts), and the Reusable ones.
+    contracts: Contracts = field(default_factory=dict)
+    reusable: frozenset[str] = frozenset()
+    windowed: frozenset[str] = frozenset()  # the Replenishing ones
+    # Compensation charges waiting for room: the envelope does not close before they had
+    # their last call on its balance.
+    charges_waiting: dict[str, Decimal] = field(default_factory=dict)
     # claim uid -> why it is set aside: bound to an earlier envelope of the same name
     replaced: dict[str, str] = field(default_factory=dict)
 
@@ -215,6 +236,9 @@ def reconcile(
     dimensions = frozenset(envelope.spec.capacity)
     result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
     result.devices_seen = devices or {}
+    result.contracts = resolve(dimensions, envelope.spec.contracts)
+    result.reusable = reusable(result.contracts)
+    result.windowed = of_type(result.contracts, ContractType.REPLENISHING)
     ledger = result.status
     # 0. Where its capacity comes from: recorded once, before any claim is admitted on it.
     if ledger.parent is None and ledger.phase is EnvelopePhase.OPEN:
@@ -224,7 +248,7 @@ def reconcile(
     if parent is None and envelope.spec.parent is not None:  # named, but not found
         parent = ParentView(ParentKind.ENVELOPE, envelope.spec.parent)
         envelope = replace(envelope, parent=parent)
-    drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now)
+    drawn = draw_record(ledger.parent, parent, envelope.spec.capacity, now, envelope.spec.contracts)
     ledger.parent = drawn.record
     ledger.queue_reason = bounded(drawn.waiting, MESSAGE_LENGTH) if drawn.waiting else None
     deleted_itself = envelope.deleting
@@ -274,9 +298,26 @@ def reconcile(
                 f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
             )
     committed = dict(ledger.totals.committed)
+    look_again: datetime | None = None
+    if ledger.closed_at is None:
+        # A Replenishing resource's consumption returns once its window has passed (a
+        # closed envelope's balance is recorded: it no longer moves).
+        committed, ledger.windows = expire_windows(committed, ledger.windows, result.contracts, now)
+        # A Reusable resource is never committed: what a ledger recorded as committed
+        # before its contract existed (every resource settled R − C) comes back.
+        committed = uncommit_reusable(committed, result.reusable)
     # What a late completion may be charged from: the balance as last written (nothing in
     # steps 1 and 2 draws it down), only while the envelope is open.
     room = dict(ledger.totals.available) if renewals_open and result.admitted else None
+    # A compensation may move the balance until the envelope has closed; closing, with
+    # nothing held any more, a charge that waits for room takes what there is.
+    comp_room = (
+        dict(ledger.totals.available) if result.admitted and ledger.closed_at is None else None
+    )
+    last_call = not renewals_open and not any(
+        e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values()
+    )
+    charges_waiting: dict[str, Decimal] = {}
 
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
     #    (its finalizer removed by hand) is advanced on what its entry recorded.
@@ -286,17 +327,41 @@ def reconcile(
             if entry.phase.terminal:
                 # Settled and gone: pruned below, once its devices are known to be free.
                 _keep_or_release_devices(result, uid, entry)
-                step = Step(entry, _gone(uid, entry, envelope), now)
+                step = Step(
+                    entry, _gone(uid, entry, envelope), now, None, result.reusable, result.windowed
+                )
                 close_retry_window(step, renewals_open)
                 result.events += step.events
                 continue
             facts = _gone(uid, entry, envelope)
         was_settled, was_adjusted = entry.settlement is not None, entry.adjustment is not None
-        result.events += advance(entry, facts, policy, now, renewals_open, dimensions, room)
+        result.events += advance(
+            entry,
+            facts,
+            policy,
+            now,
+            renewals_open,
+            dimensions,
+            room,
+            reusable=result.reusable,
+            windowed=result.windowed,
+        )
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
         if not was_adjusted:
             committed = _adjusted(committed, entry)
+        if was_settled:
+            # Not in the pass that settles it: `room` is the balance from before the
+            # settlement returned R − C, and a charge refused for it would be refused for
+            # good where an operator that saw the settlement first applies it (review).
+            moved = compensate(
+                entry, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
+            )
+            committed = moved.committed(committed)
+            charges_waiting = add(charges_waiting, moved.waiting)
+            result.events += moved.events
+        elif entry.settlement is not None and facts.spec.compensations:
+            look_again = now  # the next pass applies them, on the balance written now
         _keep_or_release_devices(result, uid, entry, facts, policy)
 
     # 2. Settled claims whose record moved to their own status: only late facts remain. A
@@ -316,15 +381,34 @@ def reconcile(
             or not late_answer_wanted(record)
             or _has_room_for(ledger, record, dimensions)
         )
-        events = advance(record, facts, policy, now, renewals_open, dimensions, room, adjust)
+        events = advance(
+            record,
+            facts,
+            policy,
+            now,
+            renewals_open,
+            dimensions,
+            room,
+            adjust,
+            result.reusable,
+            result.windowed,
+        )
+        # A compensation that moves capacity comes back into the ledger the same way.
+        moved = compensate(
+            record, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
+        )
+        charges_waiting = add(charges_waiting, moved.waiting)
         if record == facts.settled_record:
             continue  # nothing new: its status already says all of it
-        result.events += events
+        result.events += events + moved.events
         if not was_adjusted and record.adjustment is not None and record.adjustment.applied:
             committed = _adjusted(committed, record)
             ledger.entries[facts.uid] = record
-            continue
-        result.off_ledger[facts.uid] = record
+        if moved.moves:
+            committed = moved.committed(committed)
+            ledger.entries[facts.uid] = record
+        if facts.uid not in ledger.entries:
+            result.off_ledger[facts.uid] = record
 
     # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
     children = ChildLedger(
@@ -332,6 +416,7 @@ def reconcile(
         ledger.children,
         now,
         committed,
+        contracts=envelope.spec.contracts,
     )
     children_by_uid = {c.uid: c for c in envelope.children}
     settle_children(children, children_by_uid, envelope.force_settle_gone)
@@ -342,7 +427,11 @@ def reconcile(
     open_now = result.admitted and envelope.accepting(now)
     result.events += receive_loans(ledger, envelope.siblings, open_now, now)
     consumed_loans, loan_events = settle_loans(
-        ledger, {s.uid: s for s in envelope.siblings}, envelope.force_settle_gone, now
+        ledger,
+        {s.uid: s for s in envelope.siblings},
+        envelope.force_settle_gone,
+        now,
+        result.reusable,
     )
     committed = add(committed, consumed_loans)
     result.events += loan_events
@@ -356,6 +445,12 @@ def reconcile(
     queue.sort(key=lambda item: _queue_key(item).sort_key())
     blocked_by: str | None = None
     balance = _totals(envelope, committed, ledger).available
+    # A charge waiting for room has first call on it (a tenant cannot dodge an invoice by
+    # holding its budget, nor by claiming what comes back first).
+    balance = {k: max(v - charges_waiting.get(k, ZERO), ZERO) for k, v in balance.items()}
+    result.charges_waiting = charges_waiting
+    if charges_waiting and not renewals_open:
+        look_again = now  # its last call comes once nothing is held
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     depth = ledger.parent.depth if ledger.parent is not None else 1
     # Not open yet, but it may open: it admits no child, and still records the withdrawal
@@ -404,14 +499,24 @@ def reconcile(
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
+    if ledger.closed_at is None:
+        ledger.windows = record_windows(committed, ledger.windows, result.contracts, now)
     ledger.totals = _totals(envelope, committed, ledger)
+    ledger.contracts = types(result.contracts)
+    ledger.peak = raise_peak(ledger.peak, ledger.totals, result.contracts)
     _envelope_lifecycle(result, envelope, now)
     ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
     lookups = _next_lookups(result, envelope, facts_by_uid)
     result.wake_at = min(
         (
             m
-            for m in (next_deadline(result, envelope, waiting), ttl_moment, lookups)
+            for m in (
+                next_deadline(result, envelope, waiting),
+                ttl_moment,
+                lookups,
+                next_return(ledger.windows) if ledger.closed_at is None else None,
+                look_again,
+            )
             if m is not None
         ),
         default=None,
@@ -513,6 +618,25 @@ def _keep_or_release_devices(
     if held is None:
         if policy is not None:
             _devices_at_dispatch(result, uid, entry, facts, policy, seen)
+        return
+    if entry.phase.holds_capacity and entry.work_ended_at is not None:
+        # Its work is over, its usage still unknown: the devices go now, and count as
+        # free once the scheduler confirms it (issue 22: they follow the scheduler).
+        if not held.released and (seen is None or not seen.allocated):
+            held.released = True
+            entry.reusable_returned = add(
+                entry.reusable_returned,
+                {k: Decimal(v) for k, v in device_counts(entry.reserved).items()},
+            )
+            result.events.append(
+                LedgerEvent(
+                    uid,
+                    entry.claim,
+                    "DevicesReleased",
+                    f"devices {', '.join(held.devices)} on {held.node} are free again "
+                    "(the work is over; its usage is still awaited)",
+                )
+            )
         return
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
@@ -647,7 +771,7 @@ def _close_unadmitted(
     gets a ledger entry only while there is plenty of room; otherwise the verdict is
     recorded in the claim's status alone: it moves no capacity either way."""
     entry = _new_entry(facts, {})
-    step = Step(entry, facts, result.now, result.dimensions)
+    step = Step(entry, facts, result.now, result.dimensions, result.reusable, result.windowed)
     # Usage from a claim that never held anything is all excess: an overrun, kept for
     # people to see and never charged to the envelope.
     record_usage(step)
@@ -799,6 +923,11 @@ def _admit_one(
         if policy.fallback is Fallback.FAIL:
             _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
             return blocked_by
+        if decision.reason == "InsufficientCapacity":
+            refill = refill_note(shortage(spec.requests, available), result.status.windows)
+            if refill:
+                message = bounded(f"{decision.message} ({refill})", MESSAGE_LENGTH)
+                decision = replace(decision, message=message)
         result.pending[facts.uid] = decision
         if decision.reason == "InsufficientCapacity" and result.short is None:
             result.short = (facts, shortage(spec.requests, available))
@@ -819,7 +948,16 @@ def _admit_one(
         )
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
-    result.events += advance(entry, facts, policy, now, envelope.accepting(now), result.dimensions)
+    result.events += advance(
+        entry,
+        facts,
+        policy,
+        now,
+        envelope.accepting(now),
+        result.dimensions,
+        reusable=result.reusable,
+        windowed=result.windowed,
+    )
     if entry.handed_off_at is not None:
         result.handed_off[facts.uid] = entry.handed_off_to or ""
     return blocked_by
@@ -897,7 +1035,8 @@ def _queue_key(item: ClaimFacts | ChildFacts) -> QueueKey:
 def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: datetime) -> None:
     ledger = result.status
     live = (
-        any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
+        bool(result.charges_waiting)
+        or any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
         or any(c.phase is ChildPhase.RESERVED for c in ledger.children.values())
         or any(loan.phase is LoanPhase.LENT for loan in ledger.loans.values())
     )
@@ -950,6 +1089,7 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
         available=one_line(ledger.totals.available),
         committed=one_line(ledger.totals.committed),
         live=sum(1 for e in ledger.entries.values() if e.phase.holds_capacity),
+        contracts=bounded(summary(result.contracts), SUMMARY_LENGTH),
     )
     open_ = ledger.phase is EnvelopePhase.OPEN
     ledger.conditions = merge_conditions(

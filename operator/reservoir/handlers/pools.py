@@ -10,6 +10,7 @@ import kopf
 
 from reservoir.core.model import API_GROUP, API_VERSION
 from reservoir.handlers.envelopes import IDLE_WAKEUP_SECONDS, has_news
+from reservoir.k8s.clock import utcnow
 from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.services import Services
 
@@ -38,7 +39,11 @@ async def keep_the_pool_ledger(
     while not stopped:
         wake_in = IDLE_WAKEUP_SECONDS
         try:
-            await services.pools.reconcile_once(name)
+            result = await services.pools.reconcile_once(name)
+            if result is not None and result.wake_at is not None:
+                # A Replenishing window returns capacity then: look again at that moment.
+                soon = (result.wake_at - utcnow()).total_seconds() + 0.05
+                wake_in = max(min(wake_in, soon), 0.5)
         except LedgerStuckError as error:
             logger.warning("%s", error)
         except Exception:  # never let one bad reconcile stop the pool's writer

@@ -64,6 +64,7 @@ def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts | None
         ),
         record=status.parent,
         balance_released=status.balance_released if status.closed_at is not None else None,
+        contracts=spec.contracts,
     )
 
 
@@ -161,6 +162,7 @@ def envelope_view(body: Mapping[str, Any] | None, name: str, child_uid: str) -> 
         uid=body["metadata"]["uid"],
         depth=record.depth if opened and record is not None else None,
         capacity=spec.capacity,
+        contracts=spec.contracts,
         line=status.children.get(child_uid),
         deleting=bool(body["metadata"].get("deletionTimestamp")) or status.closed_by_parent,
     )
@@ -181,6 +183,7 @@ def pool_view(body: Mapping[str, Any] | None, child_uid: str, name: str = "") ->
         uid=body["metadata"]["uid"],
         depth=0,
         capacity=spec.capacity,
+        contracts=spec.contracts,
         line=status.children.get(child_uid),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
     )

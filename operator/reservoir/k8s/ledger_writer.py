@@ -485,6 +485,7 @@ class LedgerWriter:
                     c["metadata"]["uid"]: read.parse_time(c["metadata"]["creationTimestamp"])
                     for c in claims
                 },
+                result.status.contracts,
             )
         else:
             metrics.ledger_writes.labels(namespace, "unchanged").inc()
@@ -1066,6 +1067,10 @@ def snapshot(
             (settlement_due(result.entry(uid), at, policy) for uid, at in waiting.items()),
             default=None,
         ),
+        contracts=result.status.contracts,
+        peak=result.status.peak,
+        windows=result.status.windows,
+        shortfall=result.short[1] if result.short is not None else {},
     )
 
 

@@ -1,10 +1,11 @@
 """The Reservoir SDK: hold, dispatch, renew, report usage, finish, cancel, wait, ledger,
-and a claim's result and history."""
+a claim's result and history, and compensations after settlement."""
 
 from reservoir.sdk.client import AsyncReservoir, Reservoir
 from reservoir.sdk.errors import (
     ClaimExistsError,
     ClaimNotFoundError,
+    CompensationError,
     DuplicateRequestIdError,
     LeaseUncertainError,
     NotReservedError,
@@ -19,6 +20,7 @@ __all__ = [
     "ClaimExistsError",
     "ClaimNotFoundError",
     "ClaimView",
+    "CompensationError",
     "DuplicateRequestIdError",
     "EnvelopeTree",
     "EnvelopeView",

@@ -44,6 +44,12 @@ name raises `ClaimExistsError`. A claim's outcome outlives its worker: `finish(.
 result=URI)` records a result reference, and `result(name)` and `history(name)` read what
 became of the claim and how, from its record (ledger entry, else status), by name only.
 
+`compensate` is for after settlement (a refund, the void of an external authorization, a
+follow-up charge): it appends to `spec.compensations` with a JSON patch that tests the
+claim's UID, generation and the list as read, and is idempotent by its key (by default a
+hash of amount, reason and reference). The operator applies each once (reservoir.core
+.compensation).
+
 `renew` writes no claim: it heartbeats the claim's `coordination.k8s.io/v1` Lease, and only
 for the claim the caller's view names (same UID and attempt), only when the claim names no
 other holder and is not cancelled, deleting, settled or Detached, and never taking over a
@@ -116,9 +122,11 @@ from reservoir.k8s.resources import (
     get_object,
     path_segment,
 )
+from reservoir.sdk.compensation import already_sent, append_patch, compensation_request
 from reservoir.sdk.errors import (
     ClaimExistsError,
     ClaimNotFoundError,
+    CompensationError,
     DuplicateRequestIdError,
     LeaseUncertainError,
     NotReservedError,
@@ -549,6 +557,64 @@ class AsyncReservoir:
         """The claim's recorded transitions, oldest first (from, to, reason, trigger, time,
         lease generation). `ClaimNotFoundError` if there is no such claim."""
         return (await self.get(claim)).history
+
+    async def compensate(
+        self,
+        claim: ClaimView | str,
+        amount: Mapping[str, Decimal | str],
+        reason: str,
+        reference: str | None = None,
+        key: str | None = None,
+    ) -> ClaimView:
+        """A business reversal or follow-up charge after the claim settled (a refund, the
+        void of an external authorization, a late invoice): per resource, a positive
+        amount is charged to the envelope, a negative one given back. Applied by the
+        operator once the claim has settled, once per `key`, to Consumable resources only,
+        never below zero and at most what the envelope has available; recorded only while
+        the envelope is not open (`status.compensations`, `kubectl reservoir history`).
+        `key` defaults to a hash of the amount, reason and reference, so a retried call
+        writes nothing twice. `CompensationError` for an empty or zero amount, no reason,
+        a key naming another compensation, or a claim that holds the most it keeps."""
+        wanted = compensation_request(amount, reason, reference, key)
+        name = claim.name if isinstance(claim, ClaimView) else claim
+        for _ in range(FENCED_RETRIES):
+            obj = await get_object(self.client, BranchClaim, name, self.namespace)
+            if obj is None:
+                raise ClaimNotFoundError(f"branchclaim/{name} not found")
+            view = ClaimView.from_api(obj)
+            if isinstance(claim, ClaimView):
+                _same_claim(claim, view)
+            if already_sent(view.spec.compensations, wanted, name):
+                return await self._with_ledger(view)
+            raw = (obj.get("spec") or {}).get("compensations")
+            try:
+                patched = await self.client.patch(
+                    BranchClaim,
+                    path_segment(name),
+                    append_patch(view.uid, view.generation, raw, wanted),
+                    namespace=self.namespace,
+                    patch_type=PatchType.JSON,
+                )
+            except ApiError as error:
+                code = error.status.code
+                if code == 404:
+                    raise ClaimNotFoundError(f"branchclaim/{name} not found") from None
+                if code in (409, 422):
+                    # A failed test (another writer appended, or the claim moved) and a
+                    # refusal both answer 422: the claim read again tells them apart.
+                    current = await get_object(self.client, BranchClaim, name, self.namespace)
+                    moved = (
+                        current is None
+                        or int(current["metadata"].get("generation") or 0) != view.generation
+                    )
+                    if code == 409 or moved:
+                        continue
+                    raise CompensationError(
+                        f"branchclaim/{name}: refused by the API server: {error.status.message}"
+                    ) from None
+                raise
+            return await self._with_ledger(ClaimView.from_api(as_dict(patched)))
+        raise StaleClaimError(f"branchclaim/{name}: kept changing under {FENCED_RETRIES} tries")
 
     async def renew(self, claim: ClaimView, confirm_timeout: float | None = 10.0) -> ClaimView:
         """Heartbeat the claim's Lease, then (by default) wait for the operator to grant the
@@ -990,6 +1056,16 @@ class Reservoir:
 
     def renew(self, claim: ClaimView, confirm_timeout: float | None = 10.0) -> ClaimView:
         return self._run(self._async.renew(claim, confirm_timeout))
+
+    def compensate(
+        self,
+        claim: ClaimView | str,
+        amount: Mapping[str, Decimal | str],
+        reason: str,
+        reference: str | None = None,
+        key: str | None = None,
+    ) -> ClaimView:
+        return self._run(self._async.compensate(claim, amount, reason, reference, key))
 
     def close(self) -> None:
         self._run(self._async.close())

@@ -47,3 +47,9 @@ class DuplicateRequestIdError(ReservoirError):
     def __init__(self, message: str, claim: str = "") -> None:
         super().__init__(message)
         self.claim = claim
+
+
+class CompensationError(ReservoirError):
+    """A compensation that cannot be sent as asked (no amount, a zero amount, no reason, a
+    key that names another compensation, a claim that already holds the most it keeps):
+    nothing was written."""

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
+from reservoir.core import contracts
 from reservoir.core.model import (
     Adjustment,
     BranchClaimSpec,
     BranchClaimStatus,
     ChildEntry,
     ClaimPhase,
+    Contract,
+    ContractType,
     EnvelopePhase,
     EnvelopeState,
     LedgerEntry,
@@ -23,6 +27,7 @@ from reservoir.core.model import (
     RetryHold,
     Settlement,
     Transition,
+    WindowSlice,
 )
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
 
@@ -164,6 +169,12 @@ class ClaimView:
         """The claim's transitions, oldest first, as its record keeps them."""
         return list(self.record.history)
 
+    @property
+    def occupancy(self) -> dict[str, Decimal]:
+        """Reusable resources: R times the seconds the claim held them (device-seconds,
+        permit-seconds), recorded at settlement; never charged. Empty until settled."""
+        return dict(self.record.occupancy)
+
 
 @dataclass(frozen=True)
 class ResultView:
@@ -185,6 +196,8 @@ class ResultView:
     # failed attempt keeps for the branch's next attempt: R − C is not all back yet.
     adjustment: Adjustment | None = None
     retry: RetryHold | None = None
+    # Reusable resources: R times the seconds held (returned in full, never charged).
+    occupancy: dict[str, Decimal] = dataclasses.field(default_factory=dict)
 
     @property
     def settled(self) -> bool:
@@ -207,7 +220,42 @@ class ResultView:
             released=dict(record.released),
             adjustment=record.adjustment,
             retry=record.retry,
+            occupancy=dict(record.occupancy),
         )
+
+
+def shown_contracts(
+    resources: Iterable[str],
+    recorded: Mapping[str, ContractType],
+    declared: Mapping[str, Contract],
+) -> dict[str, ContractType]:
+    """Each resource's contract as the operator recorded it (status.contracts); for a
+    resource it has not recorded yet (a budget it has not written), the declared one or
+    the default by name (reservoir.core.contracts)."""
+    resolved = contracts.types(contracts.resolve({*resources, *declared}, declared))
+    return {name: recorded.get(name, kind) for name, kind in resolved.items()} | {
+        name: kind for name, kind in recorded.items() if name not in resolved
+    }
+
+
+def declared_contracts(spec: Mapping[str, Any]) -> dict[str, Contract]:
+    """spec.contracts as written (an unreadable one is left out: the view only shows it)."""
+    declared: dict[str, Contract] = {}
+    for name, raw in (spec.get("contracts") or {}).items():
+        try:
+            declared[name] = Contract.model_validate(raw)
+        except ValueError:
+            continue
+    return declared
+
+
+def window_lengths(declared: Mapping[str, Contract]) -> dict[str, int]:
+    """The window of every Replenishing resource, in seconds."""
+    return {
+        name: contract.window_seconds
+        for name, contract in declared.items()
+        if contract.type is ContractType.REPLENISHING and contract.window_seconds
+    }
 
 
 @dataclass(frozen=True)
@@ -218,18 +266,45 @@ class EnvelopeView:
     labels: dict[str, str] = dataclasses.field(default_factory=dict)
     uid: str = ""
     parent: str | None = None  # spec.parent: the envelope it asks to draw from
+    # spec.contracts: the contracts declared at creation (the others are defaults by name).
+    declared: dict[str, Contract] = dataclasses.field(default_factory=dict)
+    capacity: tuple[str, ...] = ()  # the names of spec.capacity's resources
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> EnvelopeView:
         meta = obj["metadata"]
+        spec = obj.get("spec") or {}
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", ""),
             status=EnvelopeStatus.model_validate(obj.get("status") or {}),
             labels=dict(meta.get("labels") or {}),
             uid=meta.get("uid", ""),
-            parent=(obj.get("spec") or {}).get("parent"),
+            parent=spec.get("parent"),
+            declared=declared_contracts(spec),
+            capacity=tuple(spec.get("capacity") or ()),
         )
+
+    @property
+    def contracts(self) -> dict[str, ContractType]:
+        """Every resource's contract: Reusable, Consumable or Replenishing."""
+        resources = [*self.capacity, *self.status.totals.capacity]
+        return shown_contracts(resources, self.status.contracts, self.declared)
+
+    @property
+    def peak(self) -> dict[str, Decimal]:
+        """Reusable and Replenishing resources: the most ever in use at once."""
+        return dict(self.status.peak)
+
+    @property
+    def windows(self) -> dict[str, list[WindowSlice]]:
+        """Replenishing resources: what is committed in each slice, until it returns."""
+        return {name: list(slices) for name, slices in self.status.windows.items()}
+
+    @property
+    def window_seconds(self) -> dict[str, int]:
+        """Replenishing resources: the provider's window, in seconds."""
+        return window_lengths(self.declared)
 
 
 @dataclass(frozen=True)
@@ -282,13 +357,39 @@ class PoolView:
     status: ReservationPoolStatus
     namespaces: tuple[str, ...] = ()
     uid: str = ""
+    declared: dict[str, Contract] = dataclasses.field(default_factory=dict)  # spec.contracts
+    capacity: tuple[str, ...] = ()  # the names of spec.capacity's resources
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> PoolView:
         meta = obj["metadata"]
+        spec = obj.get("spec") or {}
         return cls(
             name=meta["name"],
             status=ReservationPoolStatus.model_validate(obj.get("status") or {}),
-            namespaces=tuple((obj.get("spec") or {}).get("namespaces") or ()),
+            namespaces=tuple(spec.get("namespaces") or ()),
             uid=meta.get("uid", ""),
+            declared=declared_contracts(spec),
+            capacity=tuple(spec.get("capacity") or ()),
         )
+
+    @property
+    def contracts(self) -> dict[str, ContractType]:
+        """Every resource's contract: Reusable, Consumable or Replenishing."""
+        resources = [*self.capacity, *self.status.totals.capacity]
+        return shown_contracts(resources, self.status.contracts, self.declared)
+
+    @property
+    def peak(self) -> dict[str, Decimal]:
+        """Reusable and Replenishing resources: the most ever in use at once."""
+        return dict(self.status.peak)
+
+    @property
+    def windows(self) -> dict[str, list[WindowSlice]]:
+        """Replenishing resources: what is committed in each slice, until it returns."""
+        return {name: list(slices) for name, slices in self.status.windows.items()}
+
+    @property
+    def window_seconds(self) -> dict[str, int]:
+        """Replenishing resources: the provider's window, in seconds."""
+        return window_lengths(self.declared)
