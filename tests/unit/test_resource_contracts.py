@@ -115,6 +115,12 @@ def _detached_then_released(sim: Sim, name: str) -> None:
     sim.dispatch(name).usage(name, "3").reconcile().tick(120).reconcile().tick(700).reconcile()
 
 
+def _detached_held_then_reported(sim: Sim, name: str) -> None:
+    sim.dispatch(name).reconcile().tick(120).reconcile().tick(700).reconcile()
+    assert sim.entry(name).phase is ClaimPhase.DETACHED  # policy Hold: still reconciling
+    sim.usage(name, "9", final=True, concurrency="1").reconcile()
+
+
 def _force_settled(sim: Sim, name: str) -> None:
     sim.dispatch(name).usage(name, "5").reconcile().force(name, "checked").reconcile()
 
@@ -137,6 +143,7 @@ PATHS: dict[str, Path] = {
     "expiry": _lease_lapses_tentative,
     "quarantine": _detached_then_quarantined,
     "release": _detached_then_released,
+    "hold": _detached_held_then_reported,
     "force-settle": _force_settled,
     "retry-window": _failed_with_retry_window,
     "never-started": _provider_said_never_started,
@@ -147,7 +154,7 @@ PATHS: dict[str, Path] = {
 def test_a_permit_comes_back_in_full_on_every_settlement_path(path: str) -> None:
     """Whatever the outcome, all of a Reusable resource returns; the tokens beside it
     settle by their own contract."""
-    action = "Quarantine" if path == "quarantine" else "Release"
+    action = {"quarantine": "Quarantine", "hold": "Hold"}.get(path, "Release")
     sim = Sim({"concurrency": "2", "tokens": "100"}, at_ambiguity_deadline=action)
     sim.create("a", {"concurrency": "1", "tokens": "20"}).reconcile()
     assert sim.total("available", "concurrency") == "1"
@@ -158,7 +165,14 @@ def test_a_permit_comes_back_in_full_on_every_settlement_path(path: str) -> None
     assert entry.released["concurrency"] == 1
     assert sim.total("available", "concurrency") == "2"
     assert sim.total("committed", "concurrency") == "0"
-    charged = {"quarantine": 20, "release": 3, "force-settle": 5, "commit": 7, "retry-window": 2}
+    charged = {
+        "quarantine": 20,
+        "release": 3,
+        "force-settle": 5,
+        "commit": 7,
+        "retry-window": 2,
+        "hold": 9,
+    }
     assert entry.consumed.get("tokens", 0) == charged.get(path, 0)
 
 
