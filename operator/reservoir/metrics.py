@@ -47,6 +47,7 @@ from prometheus_client.registry import Collector
 
 from reservoir import __version__
 from reservoir.core.compensation import APPLIED, RECORDED
+from reservoir.core.contracts import in_use, type_of
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
     ClaimPhase,
@@ -55,7 +56,7 @@ from reservoir.core.model import (
     ResourceTotals,
     WindowSlice,
 )
-from reservoir.core.rightsizing import contract_of
+from reservoir.core.windows import in_window
 
 OTHER = "_other"
 ZERO = Decimal(0)
@@ -275,26 +276,16 @@ class EnvelopeSnapshot:
         """The resource's contract as a label value (`_other` for the summed rest)."""
         if resource == OTHER:
             return OTHER
-        return contract_of(resource, self.contracts).value
+        return type_of(resource, self.contracts).value
 
     def window_committed(self) -> dict[str, Decimal]:
         """Replenishing resources: committed in the window, the sum of its slices."""
-        return {
-            name: sum((piece.amount for piece in slices), ZERO)
-            for name, slices in self.windows.items()
-        }
+        return in_window(self.windows)
 
     def in_use(self) -> dict[str, Decimal]:
-        """Reusable and Replenishing resources: what is not available of the capacity (and
-        what was borrowed), i.e. held by claims and child envelopes, lent to siblings and,
-        for Replenishing, committed in the window. The same figure the peak records
-        (reservoir.core.contracts.raise_peak), so it never shows above the peak."""
-        totals = self.totals
-        return {
-            name: amount + totals.borrowed.get(name, ZERO) - totals.available.get(name, ZERO)
-            for name, amount in totals.capacity.items()
-            if contract_of(name, self.contracts) is not ContractType.CONSUMABLE
-        }
+        """Reusable and Replenishing resources: the figure the peak records (so it never
+        shows above the peak)."""
+        return in_use(self.totals, self.contracts)
 
 
 @dataclass(eq=False)  # registries key collectors by identity
@@ -534,7 +525,7 @@ def observe_written(
         # confirmed free): counted by the write that first records it.
         counted = old.occupancy if old is not None else {}
         for resource, amount in entry.occupancy.items():
-            reusable = contract_of(resource, contracts) is ContractType.REUSABLE
+            reusable = type_of(resource, contracts) is ContractType.REUSABLE
             if amount > 0 and reusable and resource not in counted:
                 occupancy.labels(*labels, resource).inc(float(amount))
         settled = entry.settlement
@@ -543,7 +534,7 @@ def observe_written(
         hold.labels(*labels).observe(_seconds(reserved_at, settled.at))
         if settled.phase is ClaimPhase.CONSUMED:
             for resource, reserved in entry.reserved.items():
-                if reserved > 0 and contract_of(resource, contracts) is not ContractType.REUSABLE:
+                if reserved > 0 and type_of(resource, contracts) is not ContractType.REUSABLE:
                     ratio = entry.consumed.get(resource, Decimal(0)) / reserved
                     consumed_ratio.labels(*labels, resource).observe(float(ratio))
 

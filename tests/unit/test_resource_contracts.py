@@ -16,6 +16,7 @@ from decimal import Decimal
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from reservoir.core.contracts import resolve, summary
 from reservoir.core.model import (
@@ -297,10 +298,14 @@ def test_committed_is_always_the_sum_of_the_window_and_never_exceeds_the_limit(
     "bad", [{"type": "Replenishing"}, {"type": "Consumable", "windowSeconds": 5}]
 )
 def test_a_window_belongs_to_a_replenishing_resource_only(bad: dict[str, object]) -> None:
-    """The CRD's rule refuses these; the models agree (the SDK builds specs with them)."""
-    contract = Contract.model_validate(bad)
-    has_window = contract.window_seconds is not None
-    assert has_window != (contract.type is ContractType.REPLENISHING)
+    """The CRD's rule refuses these; the models agree (the SDK builds specs with them).
+    (It asserted only what its own inputs were; it now checks that the model refuses.)"""
+    has_window = "windowSeconds" in bad
+    assert has_window != (bad["type"] == ContractType.REPLENISHING.value)
+    with pytest.raises(ValidationError, match="windowSeconds is set for a Replenishing"):
+        Contract.model_validate(bad)
+    good = {"type": "Replenishing", "windowSeconds": 5}
+    assert Contract.model_validate(good).window_seconds == 5
 
 
 def test_slices_align_on_the_clock_so_every_pass_agrees() -> None:

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from reservoir.core.contracts import type_of
 from reservoir.core.model import (
     ClaimPhase,
     ContractType,
@@ -24,7 +25,6 @@ from reservoir.core.rightsizing import (
     Recommendation,
     ResourceRecommendation,
     Sample,
-    contract_of,
     nearest_rank,
     recommend,
     round_ratio,
@@ -454,7 +454,7 @@ def test_an_envelope_status_is_read_with_its_contracts_or_the_defaults() -> None
         (GPU, REUSABLE, 8),
         ("rpm", REPLENISHING, 45),
     ]
-    assert contract_of("tokens", {}) is CONSUMABLE and contract_of(GPU, {}) is REUSABLE
+    assert type_of("tokens", {}) is CONSUMABLE and type_of(GPU, {}) is REUSABLE
 
 
 def test_an_open_envelope_is_a_sample_once_it_has_had_something_in_use() -> None:

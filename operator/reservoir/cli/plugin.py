@@ -33,7 +33,7 @@ from fractions import Fraction
 
 from lightkube import ApiError
 
-from reservoir.core.ledger import ZERO, render
+from reservoir.core.ledger import ZERO, render, render_each
 from reservoir.core.model import (
     MAX_DEPTH,
     Adjustment,
@@ -267,14 +267,7 @@ def retry_line(retry: RetryHold) -> str:
 
 def compensation_line(record: CompensationRecord) -> str:
     """A compensation as recorded: what it moved, applied or only recorded, and why."""
-    moved = ", ".join(
-        part
-        for part in (
-            f"refunded {render(record.refunded)}" if record.refunded else "",
-            f"charged {render(record.charged)}" if record.charged else "",
-        )
-        if part
-    )
+    moved = render_each(("refunded", record.refunded), ("charged", record.charged))
     how = "applied" if record.applied else "recorded only (not applied to the envelope)"
     line = (
         f"compensation {record.key} at {timestamp(record.at)}: {moved or 'nothing moved'}; "
@@ -289,14 +282,7 @@ def compensation_line(record: CompensationRecord) -> str:
 
 def waiting_compensation_line(asked: Compensation, settled: bool) -> str:
     """A compensation the claim's spec asks that its record does not hold yet."""
-    amounts = ", ".join(
-        part
-        for part in (
-            f"refund {render(asked.refund)}" if asked.refund else "",
-            f"charge {render(asked.charge)}" if asked.charge else "",
-        )
-        if part
-    )
+    amounts = render_each(("refund", asked.refund), ("charge", asked.charge))
     why = "being applied" if settled else "waits for the claim's settlement"
     return (
         f"compensation {asked.key}: {amounts or '-'} asked, {why}; reason: {visible(asked.reason)}"

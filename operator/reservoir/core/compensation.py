@@ -30,7 +30,7 @@ from datetime import datetime
 from decimal import Decimal
 
 from reservoir.core.contracts import default_contract
-from reservoir.core.ledger import ZERO, add, positive, render, subtract
+from reservoir.core.ledger import ZERO, add, positive, render_each, subtract
 from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, charged_now
 from reservoir.core.model import (
@@ -218,14 +218,7 @@ def _q(amount: Decimal) -> str:
 
 
 def _event(facts: ClaimFacts, record: CompensationRecord) -> LedgerEvent:
-    moved = ", ".join(
-        part
-        for part in (
-            f"charged {render(record.charged)}" if record.charged else "",
-            f"refunded {render(record.refunded)}" if record.refunded else "",
-        )
-        if part
-    )
+    moved = render_each(("charged", record.charged), ("refunded", record.refunded))
     text = f"compensation {record.key} ({record.reason}): {moved or 'nothing moved'}"
     if record.reference:
         text += f", reference {record.reference}"

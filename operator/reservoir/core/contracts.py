@@ -85,22 +85,33 @@ def occupancy(
     }
 
 
+def type_of(resource: str, recorded: Mapping[str, ContractType]) -> ContractType:
+    """A resource's contract as a budget's status records it, else its default by name."""
+    found = recorded.get(resource)
+    return found if found is not None else default_contract(resource).type
+
+
+def in_use(totals: ResourceTotals, recorded: Mapping[str, ContractType]) -> dict[str, Decimal]:
+    """What is in use of each Reusable and Replenishing resource: the capacity (and what
+    was borrowed) that is not available, i.e. held by claims and child envelopes, lent to
+    siblings and, for Replenishing, committed in the window."""
+    return {
+        name: amount
+        + totals.borrowed.get(name, Decimal(0))
+        - totals.available.get(name, Decimal(0))
+        for name, amount in totals.capacity.items()
+        if type_of(name, recorded) is not ContractType.CONSUMABLE
+    }
+
+
 def raise_peak(
     peak: Mapping[str, Decimal], totals: ResourceTotals, contracts: Mapping[str, Contract]
 ) -> dict[str, Decimal]:
-    """The most ever in use at once of each Reusable and Replenishing resource (held,
-    lent, and for Replenishing committed in the window): what right-sizing compares with
-    capacity. Only grows."""
+    """The most ever in use at once of each Reusable and Replenishing resource: what
+    right-sizing compares with capacity. Only grows."""
     result = dict(peak)
-    for name, contract in contracts.items():
-        if contract.type is ContractType.CONSUMABLE or name not in totals.capacity:
-            continue
-        in_use = (
-            totals.capacity[name]
-            + totals.borrowed.get(name, Decimal(0))
-            - totals.available.get(name, Decimal(0))
-        )
-        result[name] = max(result.get(name, Decimal(0)), in_use)
+    for name, amount in in_use(totals, types(contracts)).items():
+        result[name] = max(result.get(name, Decimal(0)), amount)
     return result
 
 

@@ -175,6 +175,11 @@ def render(resources: Mapping[str, Decimal]) -> str:
     return " ".join(f"{name}={format_quantity(resources[name])}" for name in sorted(resources))
 
 
+def render_each(*parts: tuple[str, Mapping[str, Decimal]]) -> str:
+    """`refunded cost=1, charged tokens=5`: each non-empty map after its word."""
+    return ", ".join(f"{word} {render(amounts)}" for word, amounts in parts if amounts)
+
+
 def one_line(resources: Mapping[str, Decimal]) -> str:
     """Totals for printer columns, cut to the summary field's bound: 16 long resource names
     at 1E each do not fit in one column, and the totals hold the exact figures anyway."""

@@ -24,6 +24,7 @@ from pydantic import (
     Field,
     PlainSerializer,
     WithJsonSchema,
+    model_validator,
 )
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict, JsonValue
@@ -374,6 +375,14 @@ class Contract(Model):
         "back one window after its settlement (a sliding window, kept in "
         f"{WINDOW_SLICES} slices: never early, at most one slice late).",
     )
+
+    @model_validator(mode="after")
+    def _window_only_when_replenishing(self) -> Contract:
+        # The CRD's rule, again where the SDK and the operator read a spec: a contract the
+        # code cannot keep is an error here, never a resource silently without its window.
+        if (self.window_seconds is not None) != (self.type is ContractType.REPLENISHING):
+            raise ValueError("windowSeconds is set for a Replenishing resource, and only for one")
+        return self
 
 
 # --- ReservationEnvelope ----------------------------------------------------------------
@@ -1107,7 +1116,29 @@ class ParentRecord(Model):
     )
 
 
-class ReservationEnvelopeStatus(Model):
+class ContractBook(Model):
+    """What a budget's status (an envelope's, a pool's) records of its resources'
+    contracts (reservoir.core.contracts, reservoir.core.windows)."""
+
+    contracts: dict[str, ContractType] = Field(
+        default_factory=dict,
+        description="Every resource's contract, declared or by default: Reusable, Consumable "
+        "or Replenishing.",
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+    windows: dict[str, Annotated[list[WindowSlice], Field(max_length=WINDOW_SLICES + 1)]] = Field(
+        default_factory=dict,
+        description="Replenishing resources: what is committed in each slice of the window, "
+        "until it returns. Their committed total is the sum of these slices.",
+        json_schema_extra={"maxProperties": MAX_RESOURCES},
+    )
+    peak: ResourceMap = recorded_map(
+        "Reusable and Replenishing resources: the most ever in use at once (held, plus "
+        "committed in the window), against capacity for right-sizing."
+    )
+
+
+class ReservationEnvelopeStatus(ContractBook):
     phase: EnvelopePhase = Field(default=EnvelopePhase.PENDING, description="Envelope phase.")
     summary: EnvelopeSummary = Field(
         default_factory=EnvelopeSummary, description="Totals rendered for `kubectl get`."
@@ -1160,22 +1191,6 @@ class ReservationEnvelopeStatus(Model):
     )
     wants: BorrowRequest | None = Field(
         default=None, description="What its queue is short of, for siblings that lend."
-    )
-    contracts: dict[str, ContractType] = Field(
-        default_factory=dict,
-        description="Every resource's contract, declared or by default: Reusable, Consumable "
-        "or Replenishing.",
-        json_schema_extra={"maxProperties": MAX_RESOURCES},
-    )
-    windows: dict[str, Annotated[list[WindowSlice], Field(max_length=WINDOW_SLICES + 1)]] = Field(
-        default_factory=dict,
-        description="Replenishing resources: what is committed in each slice of the window, "
-        "until it returns. Their committed total is the sum of these slices.",
-        json_schema_extra={"maxProperties": MAX_RESOURCES},
-    )
-    peak: ResourceMap = recorded_map(
-        "Reusable and Replenishing resources: the most ever in use at once (held, plus "
-        "committed in the window), against capacity for right-sizing."
     )
     balance_released: ResourceMap = recorded_map(
         "The balance released when the envelope closed or expired: to its parent or pool "
@@ -1704,7 +1719,7 @@ class ReservationPoolSpec(Model):
     )
 
 
-class ReservationPoolStatus(Model):
+class ReservationPoolStatus(ContractBook):
     summary: EnvelopeSummary = Field(
         default_factory=EnvelopeSummary, description="Totals rendered for `kubectl get`."
     )
@@ -1712,22 +1727,6 @@ class ReservationPoolStatus(Model):
         default_factory=ResourceTotals,
         description="For every resource: committed + reserved + reconciling + available == "
         "capacity. Reserved is held by open envelopes; committed is what closed ones used.",
-    )
-    contracts: dict[str, ContractType] = Field(
-        default_factory=dict,
-        description="Every resource's contract, declared or by default: Reusable, Consumable "
-        "or Replenishing.",
-        json_schema_extra={"maxProperties": MAX_RESOURCES},
-    )
-    windows: dict[str, Annotated[list[WindowSlice], Field(max_length=WINDOW_SLICES + 1)]] = Field(
-        default_factory=dict,
-        description="Replenishing resources: what is committed in each slice of the window, "
-        "until it returns. Their committed total is the sum of these slices.",
-        json_schema_extra={"maxProperties": MAX_RESOURCES},
-    )
-    peak: ResourceMap = recorded_map(
-        "Reusable and Replenishing resources: the most ever in use at once (held, plus "
-        "committed in the window), against capacity for right-sizing."
     )
     children: dict[str, ChildEntry] = Field(
         default_factory=dict,

@@ -44,7 +44,7 @@ from decimal import ROUND_CEILING, Decimal, localcontext
 from fractions import Fraction
 from typing import TypeVar
 
-from reservoir.core.contracts import default_contract
+from reservoir.core.contracts import type_of
 from reservoir.core.model import (
     ClaimPhase,
     ContractType,
@@ -74,13 +74,6 @@ JUDGED_BY = {
 SUGGESTS = {CONSUMABLE: "request", REUSABLE: "capacity", REPLENISHING: "limit per window"}
 
 T = TypeVar("T", Decimal, Fraction)
-
-
-def contract_of(resource: str, contracts: Mapping[str, ContractType]) -> ContractType:
-    """The contract a budget keeps for `resource`: as its status shows it, else the default
-    by name (device resources and `concurrency` Reusable, anything else Consumable)."""
-    found = contracts.get(resource)
-    return found if found is not None else default_contract(resource).type
 
 
 def nearest_rank(values: Sequence[T], percent: int) -> T:
@@ -151,7 +144,7 @@ class Sample:
         )
 
     def consumable(self, resource: str) -> bool:
-        return contract_of(resource, self.contracts) is CONSUMABLE
+        return type_of(resource, self.contracts) is CONSUMABLE
 
     @property
     def exclusion(self) -> str | None:
@@ -186,7 +179,7 @@ class EnvelopeUse:
         )
 
     def contract(self, resource: str) -> ContractType:
-        return contract_of(resource, self.contracts)
+        return type_of(resource, self.contracts)
 
     def sample(self, resource: str) -> bool:
         """Whether its peak of `resource` says something: once it has finished, or once it

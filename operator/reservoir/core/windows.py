@@ -14,7 +14,7 @@ two in step. Nothing here knows Kubernetes.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -110,7 +110,8 @@ def next_return(windows: Windows) -> datetime | None:
     return min((s.returns_at for slices in windows.values() for s in slices), default=None)
 
 
-def in_window(windows: Windows) -> dict[str, Decimal]:
+def in_window(windows: Mapping[str, Sequence[WindowSlice]]) -> dict[str, Decimal]:
+    """What each Replenishing resource has committed in its window: its slices' sum."""
     return {name: sum((s.amount for s in slices), ZERO) for name, slices in windows.items()}
 
 

@@ -30,6 +30,7 @@ from reservoir.core.model import (
     WindowSlice,
 )
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
+from reservoir.core.windows import replenishing
 
 # Envelope phases in which the operator extends no lease and admits no work.
 NOT_ACCEPTING_PHASES = frozenset(
@@ -249,17 +250,37 @@ def declared_contracts(spec: Mapping[str, Any]) -> dict[str, Contract]:
     return declared
 
 
-def window_lengths(declared: Mapping[str, Contract]) -> dict[str, int]:
-    """The window of every Replenishing resource, in seconds."""
-    return {
-        name: contract.window_seconds
-        for name, contract in declared.items()
-        if contract.type is ContractType.REPLENISHING and contract.window_seconds
-    }
+class BudgetContracts:
+    """What an envelope's and a pool's views show of their resources' contracts."""
+
+    status: EnvelopeStatus | ReservationPoolStatus
+    declared: dict[str, Contract]  # spec.contracts, as written
+    capacity: tuple[str, ...]  # the names of spec.capacity's resources
+
+    @property
+    def contracts(self) -> dict[str, ContractType]:
+        """Every resource's contract: Reusable, Consumable or Replenishing."""
+        resources = [*self.capacity, *self.status.totals.capacity]
+        return shown_contracts(resources, self.status.contracts, self.declared)
+
+    @property
+    def peak(self) -> dict[str, Decimal]:
+        """Reusable and Replenishing resources: the most ever in use at once."""
+        return dict(self.status.peak)
+
+    @property
+    def windows(self) -> dict[str, list[WindowSlice]]:
+        """Replenishing resources: what is committed in each slice, until it returns."""
+        return {name: list(slices) for name, slices in self.status.windows.items()}
+
+    @property
+    def window_seconds(self) -> dict[str, int]:
+        """Replenishing resources: the provider's window, in seconds."""
+        return replenishing(self.declared)
 
 
 @dataclass(frozen=True)
-class EnvelopeView:
+class EnvelopeView(BudgetContracts):
     name: str
     namespace: str
     status: EnvelopeStatus
@@ -284,27 +305,6 @@ class EnvelopeView:
             declared=declared_contracts(spec),
             capacity=tuple(spec.get("capacity") or ()),
         )
-
-    @property
-    def contracts(self) -> dict[str, ContractType]:
-        """Every resource's contract: Reusable, Consumable or Replenishing."""
-        resources = [*self.capacity, *self.status.totals.capacity]
-        return shown_contracts(resources, self.status.contracts, self.declared)
-
-    @property
-    def peak(self) -> dict[str, Decimal]:
-        """Reusable and Replenishing resources: the most ever in use at once."""
-        return dict(self.status.peak)
-
-    @property
-    def windows(self) -> dict[str, list[WindowSlice]]:
-        """Replenishing resources: what is committed in each slice, until it returns."""
-        return {name: list(slices) for name, slices in self.status.windows.items()}
-
-    @property
-    def window_seconds(self) -> dict[str, int]:
-        """Replenishing resources: the provider's window, in seconds."""
-        return window_lengths(self.declared)
 
 
 @dataclass(frozen=True)
@@ -350,7 +350,7 @@ class EnvelopeTree:
 
 
 @dataclass(frozen=True)
-class PoolView:
+class PoolView(BudgetContracts):
     """A ReservationPool (cluster-scoped): a tenant's quota and its envelopes' lines."""
 
     name: str
@@ -372,24 +372,3 @@ class PoolView:
             declared=declared_contracts(spec),
             capacity=tuple(spec.get("capacity") or ()),
         )
-
-    @property
-    def contracts(self) -> dict[str, ContractType]:
-        """Every resource's contract: Reusable, Consumable or Replenishing."""
-        resources = [*self.capacity, *self.status.totals.capacity]
-        return shown_contracts(resources, self.status.contracts, self.declared)
-
-    @property
-    def peak(self) -> dict[str, Decimal]:
-        """Reusable and Replenishing resources: the most ever in use at once."""
-        return dict(self.status.peak)
-
-    @property
-    def windows(self) -> dict[str, list[WindowSlice]]:
-        """Replenishing resources: what is committed in each slice, until it returns."""
-        return {name: list(slices) for name, slices in self.status.windows.items()}
-
-    @property
-    def window_seconds(self) -> dict[str, int]:
-        """Replenishing resources: the provider's window, in seconds."""
-        return window_lengths(self.declared)
