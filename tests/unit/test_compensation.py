@@ -132,7 +132,11 @@ def test_at_its_last_call_a_charge_takes_what_there_is_and_the_rest_is_recorded(
     assert records(sim) == []
     sim.close().reconcile()  # b still holds: the envelope waits, and so does the charge
     assert records(sim) == [] and sim.status.closed_at is None
-    sim.cancel("b").reconcile().reconcile()  # nothing held: the last call, then the close
+    # No wake-up per pass while a claim holds (it spun the writer): b's own end wakes it.
+    assert sim.last is not None and sim.last.wake_at != sim.now
+    sim.cancel("b").reconcile()  # b settles: nothing held, the next pass is the last call
+    assert records(sim) == [] and sim.last.wake_at == sim.now
+    sim.reconcile()  # the last call, then the close
     (record,) = records(sim)
     assert record.applied and record.charged == {"tokens": Decimal(70)}
     assert record.note is not None and "charged 70 of 80" in record.note

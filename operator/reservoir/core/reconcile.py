@@ -314,9 +314,7 @@ def reconcile(
     comp_room = (
         dict(ledger.totals.available) if result.admitted and ledger.closed_at is None else None
     )
-    last_call = not renewals_open and not any(
-        e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values()
-    )
+    last_call = not renewals_open and not _holds_any(ledger)
     charges_waiting: dict[str, Decimal] = {}
 
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
@@ -335,17 +333,7 @@ def reconcile(
                 continue
             facts = _gone(uid, entry, envelope)
         was_settled, was_adjusted = entry.settlement is not None, entry.adjustment is not None
-        result.events += advance(
-            entry,
-            facts,
-            policy,
-            now,
-            renewals_open,
-            dimensions,
-            room,
-            reusable=result.reusable,
-            windowed=result.windowed,
-        )
+        result.events += _advance(result, entry, facts, policy, renewals_open, room)
         if not was_settled and entry.settlement is not None:
             committed = add(committed, entry.consumed)
         if not was_adjusted:
@@ -381,18 +369,7 @@ def reconcile(
             or not late_answer_wanted(record)
             or _has_room_for(ledger, record, dimensions)
         )
-        events = advance(
-            record,
-            facts,
-            policy,
-            now,
-            renewals_open,
-            dimensions,
-            room,
-            adjust,
-            result.reusable,
-            result.windowed,
-        )
+        events = _advance(result, record, facts, policy, renewals_open, room, adjust)
         # A compensation that moves capacity comes back into the ledger the same way.
         moved = compensate(
             record, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
@@ -449,8 +426,6 @@ def reconcile(
     # holding its budget, nor by claiming what comes back first).
     balance = {k: max(v - charges_waiting.get(k, ZERO), ZERO) for k, v in balance.items()}
     result.charges_waiting = charges_waiting
-    if charges_waiting and not renewals_open:
-        look_again = now  # its last call comes once nothing is held
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     depth = ledger.parent.depth if ledger.parent is not None else 1
     # Not open yet, but it may open: it admits no child, and still records the withdrawal
@@ -499,6 +474,10 @@ def reconcile(
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
+    if charges_waiting and not renewals_open and not _holds_any(ledger):
+        # Its last call is the next pass: nothing else would wake it (a pass's own status
+        # write does not). Not sooner: a wake-up per pass while claims still hold spins.
+        look_again = now
     if ledger.closed_at is None:
         ledger.windows = record_windows(committed, ledger.windows, result.contracts, now)
     ledger.totals = _totals(envelope, committed, ledger)
@@ -522,6 +501,35 @@ def reconcile(
         default=None,
     )
     return result
+
+
+def _holds_any(ledger: ReservationEnvelopeStatus) -> bool:
+    """A claim of the ledger still holds capacity, or its settled devices are not free."""
+    return any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
+
+
+def _advance(
+    result: Reconciliation,
+    entry: LedgerEntry,
+    facts: ClaimFacts,
+    policy: EnvelopePolicy,
+    renewals_open: bool,
+    room: dict[str, Decimal] | None = None,
+    adjust: bool = True,
+) -> list[LedgerEvent]:
+    """lifecycle.advance with the envelope's resources and their contracts."""
+    return advance(
+        entry,
+        facts,
+        policy,
+        result.now,
+        renewals_open,
+        result.dimensions,
+        room,
+        adjust,
+        result.reusable,
+        result.windowed,
+    )
 
 
 def _adjusted(committed: Mapping[str, Decimal], entry: LedgerEntry) -> dict[str, Decimal]:
@@ -948,16 +956,7 @@ def _admit_one(
         )
     )
     # A claim created already dispatched (the lazy strategy) reserves and commits at once.
-    result.events += advance(
-        entry,
-        facts,
-        policy,
-        now,
-        envelope.accepting(now),
-        result.dimensions,
-        reusable=result.reusable,
-        windowed=result.windowed,
-    )
+    result.events += _advance(result, entry, facts, policy, envelope.accepting(now))
     if entry.handed_off_at is not None:
         result.handed_off[facts.uid] = entry.handed_off_to or ""
     return blocked_by
@@ -1036,7 +1035,7 @@ def _envelope_lifecycle(result: Reconciliation, envelope: EnvelopeFacts, now: da
     ledger = result.status
     live = (
         bool(result.charges_waiting)
-        or any(e.phase.holds_capacity or devices_in_use(e) for e in ledger.entries.values())
+        or _holds_any(ledger)
         or any(c.phase is ChildPhase.RESERVED for c in ledger.children.values())
         or any(loan.phase is LoanPhase.LENT for loan in ledger.loans.values())
     )
