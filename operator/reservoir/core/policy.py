@@ -13,7 +13,6 @@ from decimal import Decimal
 from reservoir.core.ledger import ZERO, fits
 from reservoir.core.model import (
     MAX_ACTIVE_CLAIMS_LIMIT,
-    MAX_LEDGER_ENTRIES,
     EnvelopePolicy,
     LedgerEntry,
 )
@@ -78,7 +77,6 @@ def admission(
     requests: Mapping[str, Decimal],
     available: Mapping[str, Decimal],
     live: list[LedgerEntry],
-    all_entries: int,
     will_be_tentative: bool,
     policy: EnvelopePolicy,
 ) -> Admission:
@@ -101,13 +99,6 @@ def admission(
             False,
             "MaxTentativeClaims",
             f"the envelope holds its most tentative claims ({policy.max_tentative_claims})",
-        )
-    if all_entries >= MAX_LEDGER_ENTRIES:
-        return Admission(
-            False,
-            "LedgerFull",
-            f"the ledger is full ({MAX_LEDGER_ENTRIES} entries); delete settled claims "
-            "to make room",
         )
     if not fits(requests, available):
         short = sorted(n for n, a in requests.items() if a > available.get(n, ZERO))

@@ -59,6 +59,18 @@ from reservoir.core.contracts import (
     uncommit_reusable,
 )
 from reservoir.core.devices import DeviceFacts, device_counts, device_problem
+from reservoir.core.inflight import (
+    IN_FLIGHT_LIMIT,
+    LOST_PREFIX,
+    MOVES_PER_PASS,
+    ClaimViewBehindError,
+    View,
+    adds_up,
+    footprint,
+    lost_amounts,
+    merge,
+    place,
+)
 from reservoir.core.ledger import (
     ZERO,
     add,
@@ -68,7 +80,6 @@ from reservoir.core.ledger import (
     one_line,
     subtract,
 )
-from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
     LedgerEvent,
@@ -81,7 +92,6 @@ from reservoir.core.lifecycle import (
     settle,
 )
 from reservoir.core.model import (
-    MAX_LEDGER_ENTRIES,
     SUMMARY_LENGTH,
     BorrowRequest,
     BranchClaimSpec,
@@ -123,11 +133,20 @@ from reservoir.core.provider import (
 from reservoir.core.text import MESSAGE_LENGTH, bounded
 from reservoir.core.windows import expire_windows, next_return, record_windows, refill_note
 
-# Claims that never held anything get a ledger entry only while the ledger is at most half
-# full, so rejections can never crowd out admissions (live claims are capped at half).
-UNADMITTED_ENTRIES_ROOM = MAX_LEDGER_ENTRIES // 2
+# Claims that never held anything get a line in flight only while the record in flight has
+# room for half its new lines, so rejections never crowd out admissions.
+UNADMITTED_ENTRIES_ROOM = IN_FLIGHT_LIMIT // 2
+# Why an admissible claim waits when the pass has no room left for new lines in flight.
+MOVES_IN_FLIGHT = Admission(
+    False,
+    "MovesInFlight",
+    f"the envelope records at most {IN_FLIGHT_LIMIT} new claims' moves at once: "
+    "admitted on the next pass",
+)
 
 
+# How soon a pass comes back for the moves it left (at most MOVES_PER_PASS at a time).
+NEXT_MOVES = timedelta(seconds=1)
 UNRECORDED = "(not recorded)"  # an earlier envelope's UID a claim's status does not hold
 
 
@@ -182,7 +201,8 @@ class Reconciliation:
     now: datetime
     events: list[LedgerEvent] = field(default_factory=list)
     dimensions: frozenset[str] = frozenset()  # the envelope's resources
-    room_bytes: int = 0  # what the ledger's byte budget still has for new entries
+    # New lines (admissions, verdicts) this pass may still put in flight.
+    new_lines_room: int = IN_FLIGHT_LIMIT
     pending: dict[str, Admission] = field(default_factory=dict)  # claim uid -> why waiting
     # settled claims whose record lives in their own status, not the ledger: uid -> record
     off_ledger: dict[str, LedgerEntry] = field(default_factory=dict)
@@ -219,9 +239,15 @@ class Reconciliation:
     charges_waiting: dict[str, Decimal] = field(default_factory=dict)
     # claim uid -> why it is set aside: bound to an earlier envelope of the same name
     replaced: dict[str, str] = field(default_factory=dict)
+    # Every line in view after the pass (status.entries holds those in flight), the lines
+    # as the pass found them, and the lines to write to claims' statuses.
+    lines: dict[str, LedgerEntry] = field(default_factory=dict)
+    before: dict[str, LedgerEntry] = field(default_factory=dict)
+    to_claims: dict[str, LedgerEntry] = field(default_factory=dict)
+    lost: str | None = None  # the line this pass made for claims gone without their lines
 
     def entry(self, uid: str) -> LedgerEntry | None:
-        return self.status.entries.get(uid) or self.off_ledger.get(uid)
+        return self.lines.get(uid) or self.off_ledger.get(uid)
 
 
 def reconcile(
@@ -230,9 +256,16 @@ def reconcile(
     claims: Sequence[ClaimFacts],
     now: datetime,
     devices: Mapping[str, DeviceFacts] | None = None,
+    departed: Mapping[str, LedgerEntry] | None = None,
+    fresh: bool = True,
 ) -> Reconciliation:
     """`devices`: claim uid -> what its ResourceClaim shows, for every ResourceClaim of the
-    envelope's claims that exists (listed after the claims)."""
+    envelope's claims that exists (listed after the claims). `departed`: the last lines of
+    this envelope's claims seen deleted. `fresh`: the claims were read from the API server
+    just now (not from a watch that may lag): lines the envelope counts and no claim holds
+    are then lost, not late (see reservoir.core.inflight).
+
+    Raises ClaimViewBehindError when the claims, not fresh, do not add up to the record."""
     dimensions = frozenset(envelope.spec.capacity)
     result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
     result.devices_seen = devices or {}
@@ -297,6 +330,19 @@ def reconcile(
                 f"decided on by an earlier envelope {envelope.name} ({earlier}), since deleted: "
                 f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
             )
+    # Every line in view: the envelope's lines in flight, and those its claims hold.
+    view = merge(
+        status.entries,
+        {c.uid: c.line for c in facts_by_uid.values() if c.line is not None},
+        departed or {},
+    )
+    if not adds_up(view, status.claim_records):
+        if not fresh:
+            raise ClaimViewBehindError(f"the claims of {envelope.name} as seen are behind")
+        result.lost = _keep_what_is_lost(view, status, now)
+    ledger.entries = view.lines
+    result.before = {uid: line.model_copy(deep=True) for uid, line in view.lines.items()}
+    result.new_lines_room = IN_FLIGHT_LIMIT - len(view.in_flight)
     committed = dict(ledger.totals.committed)
     look_again: datetime | None = None
     if ledger.closed_at is None:
@@ -318,9 +364,22 @@ def reconcile(
     charges_waiting: dict[str, Decimal] = {}
 
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
-    #    (its finalizer removed by hand) is advanced on what its entry recorded.
+    #    (its finalizer removed by hand) is advanced on what its entry recorded. Lines its
+    #    claims hold move at most MOVES_PER_PASS at a time (each move is written in flight).
+    moves, last = 0, None  # held lines that moved so far; the last held line advanced
     for uid, entry in list(ledger.entries.items()):
         facts = facts_by_uid.get(uid)
+        if last is not None:
+            moves += footprint(ledger.entries[last]) != footprint(result.before[last])
+            last = None
+        if uid.startswith(LOST_PREFIX) and uid not in envelope.force_settle_gone:
+            continue  # lost lines are settled by a person, by name, and only so
+        if uid not in view.in_flight:
+            if moves >= MOVES_PER_PASS:
+                _hold_as_is(result, uid, entry)
+                look_again = min(look_again or now + NEXT_MOVES, now + NEXT_MOVES)
+                continue
+            last = uid
         if facts is None:
             if entry.phase.terminal:
                 # Settled and gone: pruned below, once its devices are known to be free.
@@ -367,7 +426,7 @@ def reconcile(
         adjust = (
             room is None
             or not late_answer_wanted(record)
-            or _has_room_for(ledger, record, dimensions)
+            or result.new_lines_room > 0
         )
         events = _advance(result, record, facts, policy, renewals_open, room, adjust)
         # A compensation that moves capacity comes back into the ledger the same way.
@@ -384,7 +443,9 @@ def reconcile(
         if moved.moves:
             committed = moved.committed(committed)
             ledger.entries[facts.uid] = record
-        if facts.uid not in ledger.entries:
+        if facts.uid in ledger.entries:
+            result.new_lines_room -= 1  # back in flight, with the totals it moved
+        else:
             result.off_ledger[facts.uid] = record
 
     # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
@@ -426,7 +487,6 @@ def reconcile(
     # holding its budget, nor by claiming what comes back first).
     balance = {k: max(v - charges_waiting.get(k, ZERO), ZERO) for k, v in balance.items()}
     result.charges_waiting = charges_waiting
-    result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(ledger.entries.values(), dimensions)
     depth = ledger.parent.depth if ledger.parent is not None else 1
     # Not open yet, but it may open: it admits no child, and still records the withdrawal
     # of a child closed or deleted meanwhile (the child may then go).
@@ -500,7 +560,56 @@ def reconcile(
         ),
         default=None,
     )
+    # 5. Where each line goes: in flight on the envelope, or to its claim alone.
+    _place(result, view, status, facts_by_uid)
     return result
+
+
+def _place(
+    result: Reconciliation,
+    view: View,
+    status: ReservationEnvelopeStatus,
+    claims: Mapping[str, ClaimFacts],
+) -> None:
+    """The envelope keeps the lines in flight; each claim gets its own line (the first
+    time with the stamp of the envelope write that records it)."""
+    ledger = result.status
+    result.lines = ledger.entries
+    placement = place(view, result.lines, claims, status.stamp + 1)
+    if any(line.stamp > status.stamp for line in placement.in_flight.values()):
+        ledger.stamp = status.stamp + 1
+    ledger.entries = dict(sorted(placement.in_flight.items()))
+    ledger.claim_records = placement.records
+    result.to_claims = placement.to_claims
+
+
+def _keep_what_is_lost(view: View, status: ReservationEnvelopeStatus, now: datetime) -> str | None:
+    """Claims read fresh that do not add up to the envelope's record: lines went with
+    their objects (a finalizer removed by hand while the operator was away). What the
+    totals hold that no line accounts for stays held, as one Detached line named
+    LOST_PREFIX + stamp that only a person settles (`force-settle-gone` naming it)."""
+    lost = lost_amounts(view, status.totals.reserved, status.totals.reconciling)
+    if not lost:
+        return None
+    name = f"{LOST_PREFIX}{status.stamp}"
+    line = LedgerEntry(
+        claim=name,
+        phase=ClaimPhase.DETACHED,
+        reserved=lost,
+        first_reserved_at=now,
+        detached_at=now,
+    )
+    record_transition(line, ClaimPhase.DETACHED, "ClaimLinesLost", Trigger.DELETION, now)
+    view.lines[name] = line
+    return name
+
+
+def _hold_as_is(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
+    """A line left for the next pass keeps its devices held as they are."""
+    if entry.phase.holds_capacity and device_counts(entry.reserved):
+        result.device_holds[uid] = device_counts(entry.reserved)
+        if entry.handed_off_at is not None and entry.phase is not ClaimPhase.DETACHED:
+            result.handed_off[uid] = entry.handed_off_to or ""
 
 
 def _holds_any(ledger: ReservationEnvelopeStatus) -> bool:
@@ -538,14 +647,6 @@ def _adjusted(committed: Mapping[str, Decimal], entry: LedgerEntry) -> dict[str,
     if adjustment is None or not adjustment.applied:
         return dict(committed)
     return subtract(add(committed, adjustment.charged), adjustment.returned)
-
-
-def _has_room_for(
-    ledger: ReservationEnvelopeStatus, record: LedgerEntry, dimensions: frozenset[str]
-) -> bool:
-    """Whether a compacted record can come back into the ledger within its byte budget."""
-    entries = [*ledger.entries.values(), record]
-    return ledger_bytes(entries, dimensions) <= LEDGER_BYTES_BUDGET
 
 
 def _next_lookups(
@@ -792,10 +893,9 @@ def _close_unadmitted(
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
     record_after_settlement(step)
-    size = projected_bytes(entry, result.dimensions)
-    if len(result.status.entries) < UNADMITTED_ENTRIES_ROOM and size <= result.room_bytes:
+    if result.new_lines_room > IN_FLIGHT_LIMIT - UNADMITTED_ENTRIES_ROOM:
         result.status.entries[facts.uid] = entry
-        result.room_bytes -= size
+        result.new_lines_room -= 1
     else:
         result.off_ledger[facts.uid] = entry
     result.events += step.events
@@ -860,6 +960,9 @@ def _admit_one(
             f"still pending after {policy.max_queue_seconds}s",
         )
         return blocked_by
+    if result.new_lines_room <= 0:
+        result.pending[facts.uid] = MOVES_IN_FLIGHT  # never a refusal: it waits a pass
+        return blocked_by
     entries = result.status.entries
     # A retry of a failed attempt may use what that attempt kept for it, ahead of the
     # queue when that is enough (the hold is its own).
@@ -879,7 +982,6 @@ def _admit_one(
         spec.requests,
         balance,
         live,
-        len(entries) + len(result.awaiting),
         will_be_tentative=not spec.dispatch,
         policy=policy,
     )
@@ -911,7 +1013,6 @@ def _admit_one(
             available.update(subtract(available, spec.requests))
         result.device_holds[facts.uid] = wanted
         result.awaiting.append(entry)
-        result.room_bytes -= projected_bytes(entry, result.dimensions)
         why = placed.waiting if placed is not None and placed.waiting else None
         result.pending[facts.uid] = Admission(
             False, "AwaitingDevices", why or "devices requested from the scheduler"
@@ -919,14 +1020,6 @@ def _admit_one(
         return blocked_by
     if wanted and placed is not None and placed.node is not None:
         entry.devices = DeviceHold(node=placed.node, devices=list(placed.devices))
-    size = projected_bytes(entry, result.dimensions)
-    if decision.admitted and size > result.room_bytes:
-        decision = Admission(
-            False,
-            "LedgerFull",
-            "the envelope's ledger is at its size budget (it must fit in one etcd object): "
-            "waiting for settled entries to be compacted",
-        )
     if not decision.admitted:
         if policy.fallback is Fallback.FAIL:
             _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
@@ -944,7 +1037,7 @@ def _admit_one(
         return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
 
     available.update(subtract(_take(available, kept, facts), spec.requests))
-    result.room_bytes -= size
+    result.new_lines_room -= 1
     entries[facts.uid] = entry
     where = ""
     if entry.devices is not None:
