@@ -173,15 +173,38 @@ class Sim:
             self.claims[name] = replace(facts, settled_record=record)
         return self
 
+    def write_lines(self, only: set[str] | None = None) -> Sim:
+        """The writer's mirror of ledger lines: each claim's status gets its line, with the
+        stamp of the envelope write that recorded it (`only`: just these claims, as when
+        the operator dies part way through a mirror)."""
+        assert self.last is not None
+        for uid, line in self.last.to_claims.items():
+            facts = self.claims.get(uid)
+            if facts is None or (only is not None and uid not in only):
+                continue
+            record = facts.settled_record
+            if line.phase.terminal and line.settlement is not None:
+                record = line.model_copy(deep=True)
+            self.claims[uid] = replace(
+                facts, line=line.model_copy(deep=True), settled_record=record
+            )
+        return self
+
     def close(self) -> Sim:
         spec = {**self.envelope.spec.model_dump(), "state": "Closed"}
         self.envelope = replace(self.envelope, spec=ReservationEnvelopeSpec.model_validate(spec))
         return self
 
     # - the operator -
-    def reconcile(self) -> Sim:
+    def reconcile(self, departed: dict[str, LedgerEntry] | None = None, fresh: bool = True) -> Sim:
         self.last = reconcile(
-            self.envelope, self.status, list(self.claims.values()), self.now, self.devices
+            self.envelope,
+            self.status,
+            list(self.claims.values()),
+            self.now,
+            self.devices,
+            departed,
+            fresh,
         )
         self.status = self.last.status
         self.events += self.last.events
@@ -191,14 +214,15 @@ class Sim:
     def entry(self, name: str) -> LedgerEntry:
         if name in self.status.entries:
             return self.status.entries[name]
+        if self.last is not None and name in self.last.lines:
+            return self.last.lines[name]
         record = self.claims[name].settled_record if name in self.claims else None
         assert record is not None, f"{name} has no entry and no settled record"
         return record
 
     def phase(self, name: str) -> ClaimPhase:
-        if name not in self.status.entries and (
-            name not in self.claims or self.claims[name].settled_record is None
-        ):
+        in_view = self.last is not None and name in self.last.lines
+        if not in_view and (name not in self.claims or self.claims[name].settled_record is None):
             return ClaimPhase.PENDING
         return self.entry(name).phase
 

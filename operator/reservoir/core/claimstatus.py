@@ -82,6 +82,7 @@ def claim_status(
         work_ended_at=entry.work_ended_at,
         reusable_returned=entry.reusable_returned,
         compensations=entry.compensations,
+        ledger=entry,
         # Bound once to the envelope that decided on it (issue 21 #3).
         envelope_uid=previous.envelope_uid or envelope_uid or None,
         conditions=merge_conditions(
@@ -245,6 +246,9 @@ def settled_record(
         return None
     if not status.settlement.key.startswith(f"{uid}/"):
         return None
+    line = status.ledger
+    if line is not None and line.settlement == status.settlement and line.phase.terminal:
+        return line  # the claim's own line (the fields below are its mirror)
     true = {c.type: c for c in status.conditions if c.status == "True"}
     committed = true.get("Committed")
     lease = status.lease

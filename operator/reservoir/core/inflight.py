@@ -46,6 +46,10 @@ class ClaimViewBehindError(Exception):
     """The claims as seen do not add up to the envelope's record: read them again."""
 
 
+class EnvelopeBehindError(Exception):
+    """A claim shows a move newer than the envelope as read: read the envelope again."""
+
+
 def counts(line: LedgerEntry) -> bool:
     """Whether a line still counts toward the envelope's totals or admissions: it holds
     capacity, its devices are still allocated, or it keeps capacity for a retry."""
@@ -102,12 +106,17 @@ class View:
 
 def merge(
     entries: Mapping[str, LedgerEntry],
+    stamp: int,
     claim_lines: Mapping[str, LedgerEntry],
     departed: Mapping[str, LedgerEntry],
 ) -> View:
-    """The view a pass starts from. `claim_lines`: the lines claims that exist show;
-    `departed`: the last line of claims seen deleted (their objects are gone)."""
+    """The view a pass starts from: the envelope's lines in flight (`entries`, its
+    `stamp`), `claim_lines` (the lines claims that exist show) and `departed` (the last line
+    of claims seen deleted: their objects are gone)."""
     view = View()
+    newest = max((line.stamp for line in claim_lines.values()), default=0)
+    if newest > stamp:
+        raise EnvelopeBehindError(f"a claim shows stamp {newest}, the envelope {stamp}")
     for uid, line in {**departed, **claim_lines}.items():
         entry = entries.get(uid)
         if entry is not None and line.stamp < entry.stamp:

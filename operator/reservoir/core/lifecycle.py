@@ -117,6 +117,8 @@ class ClaimFacts:
     # The settlement record the claim's own status carries (see claimstatus.settled_record):
     # once it does, the ledger may drop the entry and the claim is never admitted again.
     settled_record: LedgerEntry | None = None
+    # The ledger line the claim's status holds (`status.ledger`), if it holds one.
+    line: LedgerEntry | None = None
     force_settle: str | None = None  # an operator's audited decision (the annotation's text)
     devices: DeviceFacts | None = None  # what its ResourceClaim shows now, if it has one
     problem: str | None = None  # parts of the spec the operator could not read, and why

@@ -80,6 +80,7 @@ from reservoir.core.ledger import (
     one_line,
     subtract,
 )
+from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
 from reservoir.core.lifecycle import (
     ClaimFacts,
     LedgerEvent,
@@ -201,8 +202,11 @@ class Reconciliation:
     now: datetime
     events: list[LedgerEvent] = field(default_factory=list)
     dimensions: frozenset[str] = frozenset()  # the envelope's resources
-    # New lines (admissions, verdicts) this pass may still put in flight.
+    # New lines (admissions, verdicts) this pass may still put in flight, and what the
+    # byte budget of the envelope's status still has for lines in flight (each line is
+    # charged the most it can ever grow to: the record in flight can never outgrow etcd).
     new_lines_room: int = IN_FLIGHT_LIMIT
+    room_bytes: int = 0
     pending: dict[str, Admission] = field(default_factory=dict)  # claim uid -> why waiting
     # settled claims whose record lives in their own status, not the ledger: uid -> record
     off_ledger: dict[str, LedgerEntry] = field(default_factory=dict)
@@ -333,6 +337,7 @@ def reconcile(
     # Every line in view: the envelope's lines in flight, and those its claims hold.
     view = merge(
         status.entries,
+        status.stamp,
         {c.uid: c.line for c in facts_by_uid.values() if c.line is not None},
         departed or {},
     )
@@ -343,6 +348,7 @@ def reconcile(
     ledger.entries = view.lines
     result.before = {uid: line.model_copy(deep=True) for uid, line in view.lines.items()}
     result.new_lines_room = IN_FLIGHT_LIMIT - len(view.in_flight)
+    result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(view.in_flight.values(), dimensions)
     committed = dict(ledger.totals.committed)
     look_again: datetime | None = None
     if ledger.closed_at is None:
@@ -370,12 +376,14 @@ def reconcile(
     for uid, entry in list(ledger.entries.items()):
         facts = facts_by_uid.get(uid)
         if last is not None:
-            moves += footprint(ledger.entries[last]) != footprint(result.before[last])
+            if footprint(ledger.entries[last]) != footprint(result.before[last]):
+                moves += 1
+                result.room_bytes -= projected_bytes(ledger.entries[last], dimensions)
             last = None
         if uid.startswith(LOST_PREFIX) and uid not in envelope.force_settle_gone:
             continue  # lost lines are settled by a person, by name, and only so
         if uid not in view.in_flight:
-            if moves >= MOVES_PER_PASS:
+            if moves >= MOVES_PER_PASS or projected_bytes(entry, dimensions) > result.room_bytes:
                 _hold_as_is(result, uid, entry)
                 look_again = min(look_again or now + NEXT_MOVES, now + NEXT_MOVES)
                 continue
@@ -423,11 +431,7 @@ def reconcile(
         # An adjustment that moves capacity waits until the record fits back in the
         # ledger: deferred, never recorded as "not applied" for a momentary lack of room.
         # (Sized only for a record that may still be adjusted: the check walks the ledger.)
-        adjust = (
-            room is None
-            or not late_answer_wanted(record)
-            or result.new_lines_room > 0
-        )
+        adjust = room is None or not late_answer_wanted(record) or _has_room_for(result, record)
         events = _advance(result, record, facts, policy, renewals_open, room, adjust)
         # A compensation that moves capacity comes back into the ledger the same way.
         moved = compensate(
@@ -444,7 +448,7 @@ def reconcile(
             committed = moved.committed(committed)
             ledger.entries[facts.uid] = record
         if facts.uid in ledger.entries:
-            result.new_lines_room -= 1  # back in flight, with the totals it moved
+            _charge(result, record)  # back in flight, with the totals it moved
         else:
             result.off_ledger[facts.uid] = record
 
@@ -602,6 +606,17 @@ def _keep_what_is_lost(view: View, status: ReservationEnvelopeStatus, now: datet
     record_transition(line, ClaimPhase.DETACHED, "ClaimLinesLost", Trigger.DELETION, now)
     view.lines[name] = line
     return name
+
+
+def _has_room_for(result: Reconciliation, line: LedgerEntry) -> bool:
+    """Whether a new line may go in flight in this pass (see Reconciliation.room_bytes)."""
+    room = result.room_bytes
+    return result.new_lines_room > 0 and projected_bytes(line, result.dimensions) <= room
+
+
+def _charge(result: Reconciliation, line: LedgerEntry) -> None:
+    result.new_lines_room -= 1
+    result.room_bytes -= projected_bytes(line, result.dimensions)
 
 
 def _hold_as_is(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
@@ -893,9 +908,11 @@ def _close_unadmitted(
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
     record_after_settlement(step)
-    if result.new_lines_room > IN_FLIGHT_LIMIT - UNADMITTED_ENTRIES_ROOM:
+    if result.new_lines_room > IN_FLIGHT_LIMIT - UNADMITTED_ENTRIES_ROOM and _has_room_for(
+        result, entry
+    ):
         result.status.entries[facts.uid] = entry
-        result.new_lines_room -= 1
+        _charge(result, entry)
     else:
         result.off_ledger[facts.uid] = entry
     result.events += step.events
@@ -960,7 +977,7 @@ def _admit_one(
             f"still pending after {policy.max_queue_seconds}s",
         )
         return blocked_by
-    if result.new_lines_room <= 0:
+    if not _has_room_for(result, _new_entry(facts, dict(spec.requests))):
         result.pending[facts.uid] = MOVES_IN_FLIGHT  # never a refusal: it waits a pass
         return blocked_by
     entries = result.status.entries
@@ -1037,7 +1054,7 @@ def _admit_one(
         return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
 
     available.update(subtract(_take(available, kept, facts), spec.requests))
-    result.new_lines_room -= 1
+    _charge(result, entry)
     entries[facts.uid] = entry
     where = ""
     if entry.devices is not None:

@@ -72,7 +72,7 @@ async def wake_the_envelope(
         return
     gone = event.get("type") == "DELETED"
     if gone:
-        services.writer.saw_deleted(uid)
+        services.writer.saw_deleted(uid, body)
     else:
         # Before the own-write check: a claim whose adoption lost a race against the
         # writer's status write is adopted on that write's event (found by review).

@@ -22,6 +22,7 @@ from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     BranchClaimSpec,
     BranchClaimStatus,
+    LedgerEntry,
     Placement,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
@@ -237,6 +238,10 @@ def claim_facts(
     if hints:
         problem = bounded(f"{problem}; {hints}", 900) if problem else hints
     status = claim_status(claim)
+    line = status.ledger if status is not None else claim_line(claim)
+    record = settled_record(status, meta["uid"], meta["name"], spec.attempt)
+    if record is None and line is not None and line.phase.terminal and line.settlement:
+        record = line  # its line says it settled, whatever the rest of its status says
     return ClaimFacts(
         uid=meta["uid"],
         name=meta["name"],
@@ -245,7 +250,8 @@ def claim_facts(
         deleting=bool(meta.get("deletionTimestamp")),
         heartbeat=heartbeat_token(lease),
         heartbeat_holder=heartbeat_holder(lease),
-        settled_record=settled_record(status, meta["uid"], meta["name"], spec.attempt),
+        settled_record=record,
+        line=line,
         envelope_uid=status.envelope_uid if status is not None else None,
         force_settle=annotations.get(FORCE_SETTLE_ANNOTATION),
         pod=pod_facts([p for p in pods or [] if not mounts_others_devices(p, meta["uid"])]),
@@ -257,4 +263,17 @@ def claim_status(claim: Mapping[str, Any]) -> BranchClaimStatus | None:
     try:
         return BranchClaimStatus.model_validate(claim.get("status") or {})
     except ValidationError:
-        return None  # rewritten from the ledger on the next mirror
+        return None  # rewritten from the claim's line on the next mirror
+
+
+def claim_line(claim: Mapping[str, Any]) -> LedgerEntry | None:
+    """The claim's ledger line alone, when the rest of its status cannot be read: the line
+    is the record of what the claim holds, and is never dropped for a neighbour's sake."""
+    status = claim.get("status")
+    raw = status.get("ledger") if isinstance(status, Mapping) else None
+    if raw is None:
+        return None
+    try:
+        return LedgerEntry.model_validate(raw)
+    except ValidationError:
+        return None

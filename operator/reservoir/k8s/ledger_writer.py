@@ -33,6 +33,7 @@ from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.claimstatus import claim_status, set_aside
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_occupancy, has_device_resources
+from reservoir.core.inflight import ClaimViewBehindError, EnvelopeBehindError, counts
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.model import (
@@ -90,6 +91,9 @@ REQUESTS_IN_FLIGHT = 16
 # A claim's status shows usage reported on the way at most this late: a report followed by
 # the final report (or any other move) within it costs one status write, not two.
 MIRROR_USAGE_WITHIN = timedelta(seconds=2)
+# How soon a pass comes back to retire lines in flight its claims now show: soon, and
+# late enough that one envelope write retires the lines of many claims.
+RETIRE_WITHIN = timedelta(seconds=1)
 # How soon a pass comes back to lift a recorded hand-off's gate whose lift failed.
 GATE_RETRY = timedelta(seconds=5)
 RELEASED_KEEP_SECONDS = 600.0
@@ -292,6 +296,11 @@ class LedgerWriter:
         self._deferred: dict[tuple[str, str], dict[str, datetime]] = {}
         # Claims whose deletion waits for settlement, already announced (once each).
         self._awaiting: set[str] = set()
+        # The last ledger line of claims seen deleted, by envelope (namespace, name): claim
+        # UID -> (the UID of the envelope it was bound to, its line). Kept until a pass
+        # has recorded them (a claim gone with a line that still counts: its finalizer
+        # was removed by hand).
+        self._departed: dict[tuple[str, str], dict[str, tuple[str | None, LedgerEntry]]] = {}
         # Claims whose finalizer this writer removed (claim UID -> when): not patched again.
         self._released: dict[str, float] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
@@ -311,15 +320,35 @@ class LedgerWriter:
         """Whether this claim version is the writer's own status write (no news)."""
         return self.source.own_write(uid, version)
 
-    def saw_deleted(self, uid: str) -> None:
-        """The watch delivered a claim's deletion (no GET needed to know it is gone)."""
+    def saw_deleted(self, uid: str, body: Mapping[str, Any] | None = None) -> None:
+        """The watch delivered a claim's deletion (no GET needed to know it is gone), with
+        the claim's last state: a line it still held is kept for its envelope's next pass."""
         self._awaiting.discard(uid)
         if isinstance(self.source, WatchedClaims):
             self.source.saw_deleted(uid)
+        if body is None:
+            return
+        line = read.claim_line(body)
+        if line is None or not counts(line):
+            return
+        status = body.get("status") or {}
+        envelope = str((body.get("spec") or {}).get("envelope") or "")
+        namespace = str(body["metadata"].get("namespace") or "")
+        bound = status.get("envelopeUid") if isinstance(status, Mapping) else None
+        departed = self._departed.setdefault((namespace, envelope), {})
+        departed[uid] = (str(bound) if bound else None, line)
+
+    def departed(self, namespace: str, envelope: str, uid: str) -> dict[str, LedgerEntry]:
+        """The lines of claims seen deleted that were bound to this envelope (`uid`)."""
+        return {
+            claim: line
+            for claim, (bound, line) in self._departed.get((namespace, envelope), {}).items()
+            if bound == uid
+        }
 
     def forget(self, namespace: str, envelope: str) -> None:
         """The envelope is going: what this writer kept about it goes too."""
-        for kept in (self._parsed, self._gone, self._deferred):
+        for kept in (self._parsed, self._gone, self._deferred, self._departed):
             kept.pop((namespace, envelope), None)
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
@@ -426,9 +455,31 @@ class LedgerWriter:
         parsed = self._parsed.get((namespace, name), {})
         read_facts = PassFacts(self, namespace, status, envelope_facts.spec.policy, parsed)
         await read_facts.update(claims, leases, pods)
-        result = await self._decide(
-            envelope, envelope_facts, status, read_facts.facts, now, devices
-        )
+        departed = self.departed(namespace, name, uid)
+
+        async def decide(fresh: bool) -> Reconciliation:
+            return await self._decide(
+                envelope, envelope_facts, status, read_facts.facts, now, devices, departed, fresh
+            )
+
+        fresh = self.source.fresh
+        try:
+            result = await decide(fresh)
+        except EnvelopeBehindError:
+            return Conflict()  # another writer moved it since we read it
+        except ClaimViewBehindError:
+            # The watch has not shown every line the envelope counts yet: list them. What
+            # the list lacks then is lost, not late (reservoir.core.inflight).
+            listed = ListedClaims(self.client)
+            claims = await listed.claims(namespace, name)
+            leases = await listed.leases(namespace, name)
+            confirmed |= {c["metadata"]["uid"] for c in claims}
+            await read_facts.update(claims, leases, pods)
+            fresh = True
+            try:
+                result = await decide(fresh)
+            except EnvelopeBehindError:
+                return Conflict()
         # A decision that rests on a fact being absent is taken again on the claims read
         # fresh when the index's copies were not the latest: a stale copy can only lack a
         # fact (a dispatch, a renewal, a settlement its status records), never add one.
@@ -437,21 +488,22 @@ class LedgerWriter:
         while not self.source.fresh:
             moving = {
                 uid: entry.claim
-                for uid, entry in result.status.entries.items()
-                if uid not in confirmed and decided_on_absence(status.entries.get(uid), entry)
+                for uid, entry in result.lines.items()
+                if uid not in confirmed and decided_on_absence(result.before.get(uid), entry)
             }
             if not moving:
                 break
-            lapsing = {uid for uid in moving if result.status.entries[uid].phase in LEASE_PHASES}
+            lapsing = {uid for uid in moving if result.lines[uid].phase in LEASE_PHASES}
             seen = versions(claims, leases)
             claims, leases = await self._confirm(namespace, moving, claims, leases, lapsing)
             confirmed |= set(moving)
             if versions(claims, leases) == seen:
                 break
             await read_facts.update(claims, leases, pods)
-            result = await self._decide(
-                envelope, envelope_facts, status, read_facts.facts, now, devices
-            )
+            try:
+                result = await decide(fresh)
+            except (ClaimViewBehindError, EnvelopeBehindError):
+                return Conflict()  # a claim moved past the envelope read: read both again
         invalid = read_facts.invalid
         self._parsed[(namespace, name)] = read_facts.used
         if result.status != status:
@@ -479,8 +531,8 @@ class LedgerWriter:
             metrics.observe_written(
                 namespace,
                 workflow_class(envelope),
-                status.entries,
-                result.status.entries,
+                result.before,
+                result.lines,
                 {
                     c["metadata"]["uid"]: read.parse_time(c["metadata"]["creationTimestamp"])
                     for c in claims
@@ -515,14 +567,14 @@ class LedgerWriter:
             namespace, name, snapshot(envelope, envelope_facts, claims, result)
         )
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
+        # Recorded: the lines of claims seen deleted are in flight now, or settled.
+        self._departed.get((namespace, name), {}).clear()
         mirrored, rewritten = await self._mirror(namespace, name, claims, result, now, problems)
-        if any(
-            uid in rewritten and entry.phase.terminal
-            for uid, entry in result.status.entries.items()
-        ):
-            # A settled entry whose claim's status now carries the record can be compacted
-            # away: the next pass does it (the status writes themselves wake no pass).
-            result.wake_at = now
+        if rewritten & set(result.status.entries):
+            # Claims now show lines in flight: a pass soon retires them from the envelope
+            # (the status writes themselves wake no pass; one pass retires many at once).
+            retire = now + RETIRE_WITHIN
+            result.wake_at = min(result.wake_at or retire, retire)
         durable = held_back & mirrored
         self._announce(
             namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
@@ -565,11 +617,15 @@ class LedgerWriter:
         claims: list[ClaimFacts],
         now: datetime,
         devices: Mapping[str, DeviceFacts],
+        departed: Mapping[str, LedgerEntry],
+        fresh: bool = False,
     ) -> Reconciliation:
         """The core's next ledger; a ledger it cannot compute is reported, never guessed."""
         namespace, name = envelope["metadata"]["namespace"], envelope["metadata"]["name"]
         try:
-            return reconcile(facts, status, claims, now, devices)
+            return reconcile(facts, status, claims, now, devices, departed, fresh)
+        except (ClaimViewBehindError, EnvelopeBehindError):
+            raise
         except InvariantViolationError as error:
             await self._refused(envelope, "InvariantViolation", str(error))
         except Exception as error:  # a bug in the core: report it, never loop on it blindly
@@ -1018,10 +1074,14 @@ def status_moved(claim: Mapping[str, Any], fresh: Mapping[str, Any] | None) -> b
 
 
 def only_usage_moved(previous: BranchClaimStatus, wanted: BranchClaimStatus) -> bool:
-    """Whether the status to write differs from the one shown in the usage so far alone."""
-    return wanted.usage != previous.usage and wanted == previous.model_copy(
-        update={"usage": wanted.usage}
-    )
+    """Whether the status to write differs from the one shown in the usage so far alone
+    (in the status and in its ledger line)."""
+    if wanted.usage == previous.usage:
+        return False
+    line = previous.ledger
+    if line is not None and wanted.ledger is not None:
+        line = line.model_copy(update={"usage": wanted.ledger.usage})
+    return wanted == previous.model_copy(update={"usage": wanted.usage, "ledger": line})
 
 
 def routine(event: LedgerEvent) -> bool:

@@ -40,6 +40,7 @@ from reservoir.core.model.ledger import (
     Adjustment,
     CompensationRecord,
     LateReport,
+    LedgerEntry,
     Overrun,
     ProviderRecord,
     RetryHold,
@@ -389,6 +390,11 @@ class BranchClaimStatus(Model):
     compensations: list[CompensationRecord] = compensations_field()
     queue_reason: str | None = Field(
         default=None, max_length=MESSAGE_LENGTH, description="Why the claim is still Pending."
+    )
+    ledger: LedgerEntry | None = Field(
+        default=None,
+        description="The claim's ledger line: the authoritative record of what it holds and "
+        "how it settled (its envelope keeps a copy only while a move of it is in flight).",
     )
     envelope_uid: str | None = Field(
         default=None,

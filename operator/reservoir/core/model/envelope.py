@@ -44,7 +44,13 @@ from reservoir.core.model.contract import (
     ContractBook,
     contracts_field,
 )
-from reservoir.core.model.ledger import ChildEntry, EnvelopeSummary, LedgerEntry, ResourceTotals
+from reservoir.core.model.ledger import (
+    ChildEntry,
+    ClaimRecords,
+    EnvelopeSummary,
+    LedgerEntry,
+    ResourceTotals,
+)
 from reservoir.core.model.lending import Borrowing, BorrowRequest, Lending, Loan
 
 SECRET_KEY = "^[-._a-zA-Z0-9]+$"
@@ -108,7 +114,7 @@ class EnvelopePolicy(Model):
         ge=1,
         le=MAX_ACTIVE_CLAIMS_LIMIT,
         description="Most claims that may hold capacity at once (fan-out cap). "
-        f"Unset means {MAX_ACTIVE_CLAIMS_LIMIT}, the most one envelope's ledger holds.",
+        f"Unset means {MAX_ACTIVE_CLAIMS_LIMIT}.",
     )
     max_tentative_claims: int | None = Field(
         default=None,
@@ -322,9 +328,20 @@ class ReservationEnvelopeStatus(ContractBook):
     )
     entries: dict[str, LedgerEntry] = Field(
         default_factory=dict,
-        description="Ledger entries keyed by claim UID. A settled entry is compacted away "
-        "once its claim's status carries the settlement (or the claim is gone).",
+        description="The ledger lines in flight, keyed by claim UID: capacity moves recorded "
+        "here and not yet shown by the claim's own `status.ledger` (each claim holds its "
+        "line; this record is retired once the claim shows its stamp).",
         json_schema_extra={"maxProperties": MAX_LEDGER_ENTRIES},
+    )
+    stamp: int = Field(
+        default=0,
+        ge=0,
+        description="Raised by each write that moves capacity: the stamp of the lines it moved.",
+    )
+    claim_records: ClaimRecords | None = Field(
+        default=None,
+        description="The count and a digest of the lines held by claims (not in flight) that "
+        "still count toward the totals: a pass checks its view of the claims against it.",
     )
     counts: dict[str, int] = Field(
         default_factory=dict,

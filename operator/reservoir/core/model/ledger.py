@@ -182,11 +182,30 @@ class DeviceHold(Model):
     )
 
 
+class ClaimRecords(Model):
+    """What an envelope knows of the lines its claims hold, without listing them."""
+
+    count: int = Field(default=0, ge=0, description="How many held lines count.")
+    digest: str = Field(
+        default="",
+        max_length=64,
+        description="XOR of sha256(claim UID/stamp)[:16] over those lines, in hex.",
+    )
+
+
 class LedgerEntry(Model):
     """One claim's line in its envelope's ledger: the authoritative record of what the claim
-    holds and how it settled. Claim status mirrors it."""
+    holds and how it settled. The claim's `status.ledger` holds it; the envelope's
+    `status.entries` holds it too while a move of it is in flight (reservoir.core.inflight)."""
 
     claim: str = Field(max_length=MAX_NAME_LENGTH, description="The BranchClaim's name.")
+    stamp: int = Field(
+        default=0,
+        ge=0,
+        description="The envelope's `status.stamp` of the write that recorded this line's "
+        "last capacity move: the claim's copy is current once its stamp is at least the "
+        "envelope's in-flight copy's.",
+    )
     branch: str = Field(default="", max_length=MAX_NAME_LENGTH, description="Branch name.")
     attempt: int = Field(default=1, ge=1, description="Attempt number of the claim.")
     phase: ClaimPhase = Field(description="The claim's phase as decided by the ledger.")
