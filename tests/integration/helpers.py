@@ -153,7 +153,8 @@ def records(sdk: Reservoir, envelope: str) -> dict[str, LedgerEntry]:
     settled entry away, the record its own status carries."""
     found: dict[str, LedgerEntry] = {}
     for view in sdk.claims(envelope):
-        record = view.entry or settled_record(view.status, view.uid, view.name, view.spec.attempt)
+        record = view.entry or view.status.ledger
+        record = record or settled_record(view.status, view.uid, view.name, view.spec.attempt)
         if record is not None:
             found[view.name] = record
     return found

@@ -66,7 +66,9 @@ def verify(cluster: ClusterHandle, ns: str, declared: dict[str, str]) -> None:
     entries = {}
     for claim in claims_of(cluster, ns):
         meta = claim["metadata"]  # type: ignore[index]
-        entry = status.get("entries", {}).get(meta["uid"])
+        entry = status.get("entries", {}).get(meta["uid"])  # a move still in flight
+        if entry is None:
+            entry = (claim.get("status") or {}).get("ledger")  # type: ignore[union-attr]
         if entry is None:
             view = BranchClaimStatus.model_validate(claim["status"])  # type: ignore[index]
             record = settled_record(view, meta["uid"], meta["name"], 1)

@@ -229,7 +229,7 @@ def test_a_concurrency_2_envelope_runs_ten_branches_two_at_a_time(
         """The claims the ledger says hold a permit now (checked on every look)."""
         nonlocal most
         status = status_of(sdk, "agents")
-        held = sorted(e.claim for e in status.entries.values() if e.phase in HOLDING)
+        held = sorted(e.claim for e in records(sdk, "agents").values() if e.phase in HOLDING)
         t = totals_of(status, "concurrency")
         most = max(most, len(held), int(t["reserved"] + t["reconciling"]))
         assert len(held) <= 2, f"more than two hold a permit: {held}"

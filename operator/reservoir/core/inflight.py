@@ -73,6 +73,11 @@ def footprint(line: LedgerEntry | None) -> tuple[object, ...]:
         _sorted(devices_in_use(line)),
         _sorted(line.retry.resources) if line.retry is not None and line.retry.active else (),
         line.settlement is not None,
+        # A device hand-off lifts the workload pod's gate: recorded on the envelope first,
+        # like every move that lets work start on held devices.
+        line.devices,
+        line.handed_off_at,
+        line.handed_off_to,
     )
 
 

@@ -97,9 +97,13 @@ class ClaimView:
         phase = EnvelopeStatus.model_validate({k: v for k, v in status.items() if k == "phase"})
         deleting = bool((envelope.get("metadata") or {}).get("deletionTimestamp"))
         closed = (envelope.get("spec") or {}).get("state") == EnvelopeState.CLOSED.value
+        entry = None if raw_entry is None else LedgerEntry.model_validate(raw_entry)
+        own = self.status.ledger
+        if entry is None or (own is not None and own.stamp >= entry.stamp):
+            entry = own  # the claim's own line, unless a newer move of it is in flight
         return dataclasses.replace(
             self,
-            entry=None if raw_entry is None else LedgerEntry.model_validate(raw_entry),
+            entry=entry,
             ledger_read=True,
             envelope_deleting=deleting,
             envelope_accepting=not (deleting or closed or phase.phase in NOT_ACCEPTING_PHASES),
