@@ -9,7 +9,6 @@ import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import httpx
 import pytest
 from lightkube import ApiError
 from lightkube.types import PatchType
@@ -22,26 +21,37 @@ from tests.clusters import ClusterHandle
 from tests.integration.conftest import StartOperator
 from tests.integration.helpers import create_envelope, wait_phase
 
-CLAIMS = "/branchclaims"
-ENVELOPES = "/reservationenvelopes"
+CLAIM = "branchclaims"
+ENVELOPE = "reservationenvelopes"
 KEEP = "test.reservoir.dev/keep"
 
 
 class Requests:
-    """Every request the SDK's HTTP client sends, as (method, path): a transport hook."""
+    """Every request the SDK's client sends, as (method, kind): its send wrapped. A read
+    of one object is a LIST selecting it by name (reservoir.k8s.resources.get_object), so
+    a read shows as ("GET", kind) whatever its form."""
 
     def __init__(self, sdk: Reservoir) -> None:
         self.seen: list[tuple[str, str]] = []
+        generic = sdk._async.client._client  # lightkube's GenericAsyncClient
+        send = generic.send
 
-        async def hook(request: httpx.Request) -> None:
-            self.seen.append((request.method, request.url.path))
+        async def counted(request: Any, stream: bool = False) -> Any:
+            self.seen.append((str(request.method), kind_of(str(request.url.path))))
+            return await send(request, stream=stream)
 
-        http: httpx.AsyncClient = sdk._async.client._client._client  # type: ignore[attr-defined]
-        http.event_hooks["request"].append(hook)
+        generic.send = counted  # type: ignore[method-assign]
 
     def take(self) -> list[tuple[str, str]]:
         seen, self.seen = self.seen, []
         return seen
+
+
+def kind_of(path: str) -> str:
+    """The resource a request is about: "branchclaims", "reservationenvelopes", "leases"."""
+    parts = path.strip("/").split("/")
+    at = parts.index("namespaces") + 2 if "namespaces" in parts else len(parts) - 1
+    return parts[at] if at < len(parts) else path
 
 
 @pytest.fixture
@@ -90,32 +100,36 @@ def test_a_verb_reads_no_envelope_and_a_fresh_view_costs_one_patch(
     """No operator: the claim's record is written by hand, so nothing moves it but us."""
     create_envelope(cluster, ns, "wf", {"tokens": "100"})
     claim = sdk.hold("wf", "x", {"tokens": "30"}, name="x")
-    assert ("GET", f"/apis/reservoir.dev/v1alpha1/namespaces/{ns}{ENVELOPES}/wf") in (
-        requests.take()
-    ), "hold reads the envelope once, for its owner reference"
+    assert requests.take() == [("GET", ENVELOPE), ("POST", CLAIM)], (
+        "hold reads the envelope once, for its owner reference"
+    )
     write_status(cluster, ns, "x", tentative(ns, datetime.now(UTC) + timedelta(minutes=5)))
     view = sdk.get("x")
-    assert requests.take() == [("GET", f"/apis/reservoir.dev/v1alpha1/namespaces/{ns}{CLAIMS}/x")]
+    assert requests.take() == [("GET", CLAIM)]
 
     dispatched = sdk.dispatch(view)
     assert dispatched.spec.dispatch
     reported = sdk.report_usage(dispatched, {"tokens": "5"})
+    assert requests.take() == [("PATCH", CLAIM)] * 2, "one patch each, nothing read"
+
+    # renew: the claim read once, then its Lease (created); never the envelope.
+    sdk.renew(reported, confirm_timeout=None)
+    seen = requests.take()
+    assert seen[0] == ("GET", CLAIM) and seen[1:], seen
+    assert {kind for _, kind in seen[1:]} == {"leases"}, seen
+
     cancelled = sdk.cancel(reported)
     assert cancelled.spec.cancel and cancelled.spec.usage == {"tokens": 5}
-    claim_path = f"/apis/reservoir.dev/v1alpha1/namespaces/{ns}{CLAIMS}/x"
-    assert requests.take() == [("PATCH", claim_path)] * 3, "one patch each, nothing read"
+    assert requests.take() == [("PATCH", CLAIM)]
 
     # A view older than the claim (from hold: no status yet): one refused patch, one read.
     finished = sdk.finish(claim, {"tokens": "7"})
-    assert finished.spec.final
-    assert requests.take() == [("PATCH", claim_path), ("GET", claim_path), ("PATCH", claim_path)]
+    assert finished.spec.final and finished.spec.usage == {"tokens": 7}
+    assert requests.take() == [("PATCH", CLAIM), ("GET", CLAIM), ("PATCH", CLAIM)]
 
-    # renew: the claim read once, then its Lease; never the envelope.
-    sdk.renew(finished, confirm_timeout=None)
-    seen = requests.take()
-    assert seen[0] == ("GET", claim_path)
-    assert all("/leases/" in path for _, path in seen[1:]), seen
-    assert not any(ENVELOPES in path for _, path in seen)
+    # What the user asked of the envelope still reads it.
+    sdk.claims("wf")
+    assert ("GET", ENVELOPE) in requests.take()
 
 
 def test_a_stale_view_is_refused_by_the_patchs_test_of_the_status(
@@ -156,8 +170,7 @@ def test_a_stale_view_is_refused_by_the_patchs_test_of_the_status(
         sdk.dispatch(stale)
     with pytest.raises(StaleClaimError, match="already settled as Released"):
         sdk.report_usage(stale, {"tokens": "1"})
-    claim_path = f"/apis/reservoir.dev/v1alpha1/namespaces/{ns}{CLAIMS}/x"
-    assert requests.take() == [("PATCH", claim_path), ("GET", claim_path)] * 2
+    assert requests.take() == [("PATCH", CLAIM), ("GET", CLAIM)] * 2
     current = sdk.get("x")
     assert not current.spec.dispatch and not current.spec.usage
 
@@ -169,7 +182,9 @@ def test_a_stale_view_is_refused_by_the_patchs_test_of_the_status(
 
 def keep_deleting(cluster: ClusterHandle, ns: str, envelope: str) -> None:
     """Delete the envelope, held back by a test finalizer: it stays deleting."""
-    patch = json.dumps({"metadata": {"finalizers": [KEEP]}})
+    found = cluster.kubectl("get", "reservationenvelope", envelope, "-n", ns, "-o", "json")
+    kept = [*json.loads(found)["metadata"].get("finalizers", []), KEEP]
+    patch = json.dumps({"metadata": {"finalizers": kept}})  # the operator's stay
     cluster.kubectl("patch", "reservationenvelope", envelope, "-n", ns, "--type=merge", "-p", patch)
     cluster.kubectl("delete", "reservationenvelope", envelope, "-n", ns, "--wait=false")
 
