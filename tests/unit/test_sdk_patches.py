@@ -105,6 +105,14 @@ def test_a_claim_without_status_tests_that_it_still_has_none() -> None:
     assert no_lease["/status/lease"] is None and "/status/lease/expiresAt" not in no_lease
 
 
+def test_a_decision_relying_on_no_record_field_tests_only_the_identity() -> None:
+    """The operator's status writes never refuse it (tests/integration/
+    test_conditional_writes.py)."""
+    patch = fenced_patch(claim(), {"dispatch": True})
+    assert checks_in(patch) == {"/metadata/uid": "u-1", "/metadata/generation": 2}
+    assert failed_tests(patch, claim(mirror())) == []
+
+
 def test_a_map_merges_key_by_key_into_a_map_already_there() -> None:
     usage = {"tokens": "5", "nvidia.com/gpu": "1"}
     first = fenced_patch(claim(mirror()), {"usage": usage}, UNSETTLED)
