@@ -148,6 +148,16 @@ def plugin(cluster: ClusterHandle, ns: str, *args: str) -> subprocess.CompletedP
     )
 
 
+def ledger_line(sdk: Reservoir, claim: ClaimView | str) -> LedgerEntry | None:
+    """The claim's ledger line as it is now: the one the claim carries (`status.ledger`),
+    else its entry in its envelope's ledger (`get` reads only the claim); None once
+    compacted away (or not admitted)."""
+    view = sdk.get(claim)
+    if view.entry is not None:
+        return view.entry
+    return sdk.ledger(view.spec.envelope).status.entries.get(view.uid)
+
+
 def records(sdk: Reservoir, envelope: str) -> dict[str, LedgerEntry]:
     """Each claim's record by name: its ledger entry, or, once the ledger compacted a
     settled entry away, the record its own status carries."""

@@ -22,7 +22,7 @@ from reservoir.sdk import Reservoir, workload_pod
 from tests.clusters import ClusterHandle
 from tests.integration.chart import allowed, kubectl_as, release, token_kubeconfig
 from tests.integration.conftest import REPO, OperatorProcess
-from tests.integration.helpers import create_envelope, eventually, wait_phase
+from tests.integration.helpers import create_envelope, eventually, ledger_line, wait_phase
 
 GPU = "nvidia.com/gpu"
 GATE = "reservoir.dev/hand-off"
@@ -553,7 +553,8 @@ def test_the_operator_holds_hands_off_and_settles_a_gpu_claim_under_the_policies
             template = {"metadata": {"name": "trainer"}, "spec": pause_pod()}
             cluster.kubectl("apply", "-f", "-", input=json.dumps(workload_pod(view, template)))
             committed = sdk.wait("train", condition="Committed", within=30)
-            assert committed.entry is not None and committed.entry.handed_off_at is not None
+            line = ledger_line(sdk, committed)
+            assert line is not None and line.handed_off_at is not None
             eventually(
                 "the workload pod bound",
                 lambda: (

@@ -24,6 +24,7 @@ from tests.integration.helpers import (
     create_envelope,
     events_with_messages,
     eventually,
+    ledger_line,
     make_claim,
     plugin,
     wait_phase,
@@ -41,7 +42,7 @@ def settled_claim(cluster: ClusterHandle, ns: str, sdk: Reservoir, name: str = "
     sdk.finish(claim, {"tokens": "30", "cost": "4"})
     eventually(
         "the settled entry compacted into the claim's status",
-        lambda: sdk.get(name).entry is None and sdk.get(name).status.settlement is not None,
+        lambda: ledger_line(sdk, name) is None and sdk.get(name).status.settlement is not None,
     )
     assert committed(sdk) == {"tokens": Decimal(30), "cost": Decimal(4)}
     return sdk.get(name)
@@ -54,7 +55,9 @@ def committed(sdk: Reservoir) -> dict[str, Decimal]:
 
 def recorded(sdk: Reservoir, name: str = "x") -> list[CompensationRecord]:
     view = sdk.get(name)
-    record = view.entry or settled_record(view.status, view.uid, view.name, view.spec.attempt)
+    record = ledger_line(sdk, view) or settled_record(
+        view.status, view.uid, view.name, view.spec.attempt
+    )
     return record.compensations if record is not None else []
 
 
@@ -90,7 +93,7 @@ def test_a_settled_claim_is_compensated_once_through_the_sdk_and_the_plugin(
     assert first.applied and first.refunded == {"cost": Decimal("2.5")}
     assert first.reference == "RF-42"
     assert second.applied and second.charged == {"tokens": Decimal(10), "cost": Decimal(1)}
-    eventually("the record compacted again", lambda: sdk.get("x").entry is None)
+    eventually("the record compacted again", lambda: ledger_line(sdk, "x") is None)
 
     def compensated() -> list[str]:
         return [m for r, m in events_with_messages(cluster, ns, "x") if r == "Compensated"]
@@ -246,7 +249,7 @@ def test_a_ledger_written_without_its_mirror_never_applies_a_compensation_twice(
         eventually("the blocker enforced", lambda: status_writes_refused(cluster, ns), 60, 1)
         sdk.compensate("x", {"cost": "-2.50"}, "refund", reference="RF-1")
         eventually("applied in the ledger", lambda: committed(sdk)["cost"] == Decimal("1.5"))
-        entry = sdk.get("x").entry
+        entry = ledger_line(sdk, "x")
         assert entry is not None and [c.key for c in entry.compensations] == [
             sdk.get("x").spec.compensations[0].key
         ], "the record is written with the totals it moved, in the ledger"
@@ -257,5 +260,5 @@ def test_a_ledger_written_without_its_mirror_never_applies_a_compensation_twice(
     eventually("the blocker gone", lambda: not status_writes_refused(cluster, ns), 60, 1)
     start_operator()
     eventually("mirrored", lambda: len(sdk.get("x").status.compensations) == 1)
-    eventually("compacted again", lambda: sdk.get("x").entry is None)
+    eventually("compacted again", lambda: ledger_line(sdk, "x") is None)
     steady(sdk, {"tokens": Decimal(30), "cost": Decimal("1.5")}, seconds=5)

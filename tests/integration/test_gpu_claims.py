@@ -13,7 +13,13 @@ from typing import Any
 from reservoir.sdk import ClaimView, Reservoir, workload_pod
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
-from tests.integration.helpers import create_envelope, events_of, eventually, wait_phase
+from tests.integration.helpers import (
+    create_envelope,
+    events_of,
+    eventually,
+    ledger_line,
+    wait_phase,
+)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "hack"))
 from localcluster import NodeShape, gpu_node, gpu_resource_slice
@@ -171,7 +177,8 @@ def test_the_devices_are_handed_to_the_workload_pod_and_freed_only_after_it_is_g
     # The hand-off is recorded (and commits the claim), then the gate goes and the pod
     # lands on the allocation's node; the placeholder goes once the pod holds the devices.
     committed = sdk.wait("train", condition="Committed", within=30)
-    assert committed.entry is not None and committed.entry.handed_off_at is not None
+    line = ledger_line(sdk, committed)
+    assert line is not None and line.handed_off_at is not None
     bound = eventually(
         "the workload pod bound", lambda: pod(cluster, ns, "trainer")["spec"].get("nodeName")
     )
@@ -229,7 +236,7 @@ def test_a_node_lost_under_a_committed_claim_detaches_it_with_its_devices_held(
     try:
         cluster.kubectl("delete", "node", lost, "--wait=false")
         detached = wait_phase(sdk, "doomed", "Detached", within=150)
-        assert detached.entry is not None
+        assert ledger_line(sdk, detached) is not None
         assert sdk.ledger("gpus").status.totals.reconciling[GPU] == 2
         assert "WorkloadGone" in events_of(cluster, ns, "doomed")
     finally:

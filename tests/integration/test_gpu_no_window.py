@@ -39,7 +39,7 @@ from lightkube.resources.core_v1 import Pod
 
 from reservoir.sdk import Reservoir, workload_pod
 from tests.integration.conftest import OperatorProcess
-from tests.integration.helpers import create_envelope, eventually
+from tests.integration.helpers import create_envelope, eventually, ledger_line
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "hack"))
@@ -267,8 +267,9 @@ def one_round(run: Run, sdk: Reservoir, client: Client, rng: random.Random, job:
         assert time.monotonic() < deadline, f"{job.workload} not bound in {ROUND_TIMEOUT}s"
         time.sleep(0.1)
     committed = sdk.wait(job.name, condition="Committed", within=ROUND_TIMEOUT)
-    assert committed.entry is not None
-    job.handed_off_at = committed.entry.handed_off_at
+    line = ledger_line(sdk, committed)
+    assert line is not None
+    job.handed_off_at = line.handed_off_at
     time.sleep(rng.uniform(0, 0.5))
     sdk.finish(committed, {GPU: job.gpus})
     sdk.wait(job.name, phase="Consumed", within=ROUND_TIMEOUT)

@@ -29,7 +29,7 @@ from reservoir.core.model import (
 from reservoir.sdk import ClaimView, Reservoir, workload_pod
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
-from tests.integration.helpers import eventually, records, wait_phase
+from tests.integration.helpers import eventually, ledger_line, records, wait_phase
 
 GPU = "nvidia.com/gpu"
 PARTS = ("capacity", "committed", "reserved", "reconciling", "lent", "borrowed", "available")
@@ -142,7 +142,8 @@ def run_gpu_branch(
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(workload_pod(view, template)))
     committed = sdk.wait(name, condition="Committed", within=60)
-    assert committed.entry is not None and committed.entry.handed_off_at is not None
+    line = ledger_line(sdk, committed)
+    assert line is not None and line.handed_off_at is not None
     node = eventually(
         f"{worker} bound", lambda: pod(cluster, ns, worker).get("spec", {}).get("nodeName")
     )
@@ -340,7 +341,7 @@ def test_a_replenishing_budget_refuses_past_its_limit_and_admits_again_after_the
 
     # ... and admitted once a's request has left the window.
     wait_phase(sdk, "d", "Tentative", within=WINDOW + 10)
-    d = sdk.get("d").entry
+    d = ledger_line(sdk, "d")
     assert d is not None and d.first_reserved_at is not None
     assert d.first_reserved_at >= first_return, (d.first_reserved_at, first_return)
     assert d.first_reserved_at >= a_settled + timedelta(seconds=WINDOW)

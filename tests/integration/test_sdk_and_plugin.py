@@ -295,7 +295,8 @@ async def test_concurrent_waits_share_one_watch_and_see_changes_made_after_they_
                 w.cancel()
         assert [v.name for v in views] == [c.name for c in held]
         assert all(v.phase is ClaimPhase.TENTATIVE for v in views)
-        assert all(v.ledger_read and v.entry is not None for v in views)  # with the ledger
+        # The claim's own record: a wait reads no envelope.
+        assert all(not v.ledger_read and v.ledger_phase is ClaimPhase.TENTATIVE for v in views)
         # One watch for all eight waits: one task, one request, one list.
         assert sdk.watches == (watch,)
         assert (watch.connections, watch.open_streams, watch.relists) == (1, 1, 1)
@@ -365,7 +366,7 @@ def test_the_synchronous_sdk_waits_on_a_watch_of_its_own_for_the_call_only(
         waiter.join(timeout=90)
     (answer,) = answers
     assert isinstance(answer, ClaimView), answer
-    assert answer.phase is ClaimPhase.TENTATIVE and answer.entry is not None
+    assert answer.phase is ClaimPhase.TENTATIVE and answer.ledger_phase is ClaimPhase.TENTATIVE
     # The call's watch ended with the call: nothing runs between calls.
     assert inner.watches == () and not watch.running and watch.open_streams == 0
 

@@ -1,6 +1,7 @@
-"""The SDK's fencing against the real API server and operator: every verb re-checks the
-authoritative record (the ledger entry, else the claim's status) on the current claim,
-and renewals are fenced by holder identity, in the SDK and in the operator."""
+"""The SDK's fencing against the real API server and operator: every verb decides on the
+claim's own record (its ledger line when it carries one, else its status) and sends one
+patch whose tests refuse it if the claim moved; a refusal is decided again on the claim
+as it is now. Renewals are fenced by holder identity, in the SDK and in the operator."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.integration.helpers import (
     create_envelope,
     events_of,
     eventually,
+    ledger_line,
     settled_ledger,
     wait_phase,
 )
@@ -82,7 +84,7 @@ def test_a_stale_view_dispatches_only_while_the_ledger_lease_holds(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
 ) -> None:
     """Both views are read at creation (Pending, no status, an old resourceVersion): each
-    dispatch must decide on the claim and its ledger entry as they are now."""
+    dispatch must decide on the claim's record as it is now."""
     create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
     fine = sdk.hold("wf", "fine", {"tokens": "30"}, name="fine")
     lapsing = sdk.hold("wf", "lapsing", {"tokens": "30"}, name="lapsing", lease_seconds=6)
@@ -93,11 +95,12 @@ def test_a_stale_view_dispatches_only_while_the_ledger_lease_holds(
     dispatched = sdk.dispatch(fine)  # re-read: every check holds on the current claim
     assert dispatched.spec.dispatch and dispatched.resource_version != fine.resource_version
 
-    # Nobody expires the claim now: its ledger entry stays Tentative past its lease end.
+    # Nobody expires the claim now: its record stays Tentative past its lease end.
     operator.stop()
-    entry = sdk.get(lapsing).entry
-    assert entry is not None and entry.phase == "Tentative" and entry.expires_at is not None
-    lapse = (entry.expires_at - LEASE_SAFETY_MARGIN - datetime.now(UTC)).total_seconds()
+    record = sdk.get(lapsing)
+    expires = record.ledger_expires_at
+    assert record.ledger_phase == "Tentative" and expires is not None
+    lapse = (expires - LEASE_SAFETY_MARGIN - datetime.now(UTC)).total_seconds()
     time.sleep(max(lapse, 0) + 0.5)
     with pytest.raises(LeaseUncertainError, match="lease expires"):
         sdk.dispatch(lapsing)
@@ -187,7 +190,7 @@ def test_the_operator_grants_no_renewal_to_a_heartbeat_from_another_holder(
     create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=60)
     claim = wait_phase(sdk, sdk.hold("wf", "x", {"tokens": "10"}, name="x"), "Tentative")
     assert claim.spec.lease.holder == sdk.holder
-    granted = claim.entry
+    granted = ledger_line(sdk, claim)
     assert granted is not None and granted.renewals == 0
 
     beat_as(cluster, ns, claim, "intruder")
@@ -195,7 +198,7 @@ def test_the_operator_grants_no_renewal_to_a_heartbeat_from_another_holder(
     time.sleep(1.1)  # a second heartbeat, with another renewTime
     beat_as(cluster, ns, claim, "intruder")
     time.sleep(2)
-    entry = sdk.get(claim).entry
+    entry = ledger_line(sdk, claim)
     assert entry is not None
     assert entry.renewals == 0 and entry.expires_at == granted.expires_at, "nothing granted"
 

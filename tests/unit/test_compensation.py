@@ -28,8 +28,9 @@ from reservoir.core.model import (
     CompensationRecord,
     ReservationEnvelopeSpec,
 )
-from reservoir.sdk.compensation import already_sent, append_patch, compensation_request
+from reservoir.sdk.compensation import already_sent, compensation_request
 from reservoir.sdk.errors import CompensationError
+from reservoir.sdk.patches import compensation_patch
 from reservoir.sdk.views import EnvelopeView
 from tests.unit.sim import Sim
 
@@ -405,11 +406,15 @@ def test_a_sent_key_is_a_no_op_another_with_it_an_error_and_the_list_is_bounded(
 
 def test_the_append_tests_the_list_as_read() -> None:
     wanted = compensation_request({"cost": "-1"}, "refund")
-    patch = append_patch("uid-1", 3, [{"key": "k0"}], wanted)
+    read = {
+        "metadata": {"uid": "uid-1", "generation": 3},
+        "spec": {"compensations": [{"key": "k0"}]},
+    }
+    patch = compensation_patch(read, wanted.to_api())
     assert {"op": "test", "path": "/spec/compensations", "value": [{"key": "k0"}]} in patch
     assert patch[-1] == {"op": "add", "path": "/spec/compensations/-", "value": wanted.to_api()}
     assert {"op": "test", "path": "/metadata/generation", "value": 3} in patch
-    fresh = append_patch("uid-1", 1, None, wanted)
+    fresh = compensation_patch({"metadata": {"uid": "uid-1", "generation": 1}}, wanted.to_api())
     assert fresh[-1] == {"op": "add", "path": "/spec/compensations", "value": [wanted.to_api()]}
 
 

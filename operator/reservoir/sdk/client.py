@@ -1,34 +1,43 @@
 """The Reservoir SDK for orchestrators and workers.
 
-Two records describe a claim: its line in the envelope's ledger
-(`ReservationEnvelope.status.entries[<claim uid>]`), which is authoritative, and the
-claim's own status, which mirrors the ledger and lags it. A settled line may be compacted
-out of the ledger once the claim's status carries the settlement, so the SDK takes the
-ledger entry when there is one and the claim's status otherwise. Every verb decides on
-that record, read afresh, never on the status alone.
+A claim's authoritative record is its line of the ledger. The SDK reads it from the claim
+itself: `status.ledger` when the operator writes the line there, else the claim's status,
+which mirrors the line (and carries it once a settled line was compacted away). A verb
+reads nothing but the claim, and the claim at most once.
 
-Every write is fenced by generation: a JSON patch that tests the UID and
-`metadata.generation` of the claim the SDK has just checked, which move with every spec
-write and with the deletion, so the API server refuses the write if the claim's spec moved
-since. The operator's status writes do not move the generation and do not refuse the
-SDK's writes. A refused write makes the SDK re-read the claim and its ledger entry,
-re-check what the verb requires on them and retry; only when that no longer holds does the
-caller get an error instead of a silent success. A caller's view that is no longer current
-is handled as a refused write would be: the checks run on the claim as it is now, never on
-a stale view. The checks, before the first write and after every refused write:
+Every write is one JSON patch to the claim (reservoir.sdk.patches) whose `test`
+operations carry the verb's preconditions on the claim object: its UID, its
+`metadata.generation` (which moves with every spec write and with the deletion: not
+cancelled, not deleting, the same holder, the same report as checked) and, in the record,
+the fields the decision read (the phase, no settlement, the lease's end). The operator's
+other status writes do not refuse it. The API server applies the whole patch to the whole
+object, status included, before it keeps only the spec: a test that fails answers 422 and
+nothing is written. A verb decides first on the caller's view, without reading: only a
+decision to write is taken on it, so a stale view costs a refused patch, never a wrong
+write. A refused patch, and a decision not to write (an error, or "already done"), make the
+SDK read the claim again and decide on it as it is now: the caller gets an error instead
+of a silent success only when the claim as it is now says so, and the error says why. The
+checks:
 
 - every verb: the same claim as the caller's view (UID and attempt), not settled;
-- `dispatch`: not cancelled, not being deleted (nor its envelope), the claim's
-  `spec.lease.holder` (when set) is this SDK's holder, the claim holds capacity (ledger
-  phase Tentative; Committed or Running was already dispatched and returns without a
-  write; Pending raises `NotReservedError`, Detached `StaleClaimError`), and the ledger's
-  lease does not end within `LEASE_SAFETY_MARGIN` (else `LeaseUncertainError`);
+- `dispatch`: not cancelled, not being deleted, the claim's `spec.lease.holder` (when set)
+  is this SDK's holder, the claim holds capacity (phase Tentative; Committed or Running was
+  already dispatched and returns without a write; Pending raises `NotReservedError`,
+  Detached `StaleClaimError`), and the lease does not end within `LEASE_SAFETY_MARGIN`
+  (else `LeaseUncertainError`);
 - `cancel`: a claim already cancelled, or being deleted (deletion cancels it), returns
   without a write;
 - `report_usage`, `finish`: nothing more, save that a claim deleted before it was
   dispatched never ran and takes no usage. Usage and a final report are facts, accepted
   from whoever knows them (a reconciler finishing a Detached claim after its worker died)
   and on a dispatched claim being deleted, which waits for exactly that report.
+
+The envelope is not read by the verbs (`hold` reads it once, for its owner reference).
+What concerns the envelope is the operator's to refuse: it treats every claim of a deleting
+envelope as deleted (a Tentative one is released on its next pass, and the phase test then
+refuses a dispatch), extends no lease of a closed, expired or deleting envelope (`renew`
+then goes unconfirmed), and records a dispatch that reaches a settled claim as refused
+(condition DispatchRefused), never as work started.
 
 A write the API server refuses as invalid (usage that decreases; dispatching a cancelled
 branch or a claim being deleted) raises `ReservoirError` (`StaleClaimError` for `dispatch`)
@@ -46,15 +55,16 @@ became of the claim and how, from its record (ledger entry, else status), by nam
 
 `compensate` is for after settlement (a refund, the void of an external authorization, a
 follow-up charge): it appends to `spec.compensations` with a JSON patch that tests the
-claim's UID, generation and the list as read, and is idempotent by its key (by default a
-hash of amount, reason and reference). The operator applies each once (reservoir.core
-.compensation).
+claim's UID, generation and the list as read (in the caller's view, else in the claim read
+once), and is idempotent by its key (by default a hash of amount, reason and reference).
+The operator applies each once (reservoir.core.compensation).
 
-`renew` writes no claim: it heartbeats the claim's `coordination.k8s.io/v1` Lease, and only
-for the claim the caller's view names (same UID and attempt), only when the claim names no
-other holder and is not cancelled, deleting, settled or Detached, and never taking over a
-Lease another holder holds. The Lease write is conditional on the Lease's resourceVersion.
-It then waits for the operator, the authority, to grant the renewal.
+`renew` writes no claim: it reads the claim, then heartbeats the claim's
+`coordination.k8s.io/v1` Lease, only for the claim the caller's view names (same UID and
+attempt), only when the claim names no other holder and is not cancelled, deleting, settled
+or Detached, and never taking over a Lease another holder holds. The Lease write is
+conditional on the Lease's resourceVersion. It then waits for the operator, the authority,
+to grant the renewal (which it refuses for an envelope that admits no more work).
 
 `wait` (and `renew`'s wait for the grant) follows the claim through a watch, not by
 polling: an `AsyncReservoir` runs one watch of its namespace's claims, started by the first
@@ -79,7 +89,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from types import TracebackType
@@ -122,7 +132,8 @@ from reservoir.k8s.resources import (
     get_object,
     path_segment,
 )
-from reservoir.sdk.compensation import already_sent, append_patch, compensation_request
+from reservoir.sdk import patches
+from reservoir.sdk.compensation import already_sent, compensation_request
 from reservoir.sdk.errors import (
     ClaimExistsError,
     ClaimNotFoundError,
@@ -132,6 +143,13 @@ from reservoir.sdk.errors import (
     NotReservedError,
     ReservoirError,
     StaleClaimError,
+)
+from reservoir.sdk.patches import (
+    DISPATCH_RELIES_ON,
+    UNSETTLED,
+    Patch,
+    compensation_patch,
+    failed_tests,
 )
 from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView, ResultView
 from reservoir.sdk.watch import ClaimWatch, Predicate, WaitTimeoutError
@@ -145,6 +163,10 @@ HOLDER_ENV = "RESERVOIR_HOLDER"
 # Checks a verb's precondition on the current claim: raises when the verb no longer
 # applies, returns True when it is already done (nothing to write), False to write.
 Check = Callable[[ClaimView], bool]
+# A verb's decision on the claim as read: the patch to send (its tests carry what the
+# decision relied on), None when there is nothing to write; raises when the verb no
+# longer applies.
+Decide = Callable[[ClaimView], Patch | None]
 
 ALREADY_DISPATCHED = frozenset({ClaimPhase.COMMITTED, ClaimPhase.RUNNING})
 
@@ -244,10 +266,11 @@ class AsyncReservoir:
     # --- reading ------------------------------------------------------------------------
 
     async def get(self, claim: ClaimView | str) -> ClaimView:
-        """The claim and its authoritative record: the claim object, and its entry in its
-        envelope's ledger (`view.entry`, `view.ledger_phase`, ...)."""
+        """The claim and its authoritative record, as the claim carries it (`view.entry`:
+        its `status.ledger`, else `view.ledger_phase`, ... read its status). One read: the
+        envelope is not read (`claims` and `tree` list claims with their envelope)."""
         name = claim.name if isinstance(claim, ClaimView) else claim
-        return await self._with_ledger(await self._read_claim(name))
+        return await self._read_claim(name)
 
     async def ledger(self, envelope: str) -> EnvelopeView:
         obj = await self.client.get(
@@ -302,7 +325,8 @@ class AsyncReservoir:
         )
 
     async def claims(self, envelope: str) -> list[ClaimView]:
-        """The envelope's claims (by `spec.envelope`), each with its ledger entry. A settled
+        """The envelope's claims (by `spec.envelope`), each with its ledger line: the one the
+        claim carries (`status.ledger`), else its entry in the envelope's ledger. A settled
         claim whose entry was compacted out of the ledger carries its record in its status
         (`view.settlement`)."""
         body = await self._read_envelope(envelope)
@@ -351,7 +375,12 @@ class AsyncReservoir:
             view = ClaimView.from_api(as_dict(claim))
             if view.uid in status.entries:
                 continue
-            record = settled_record(view.status, view.uid, view.name, view.spec.attempt)
+            line = view.entry  # the claim's own line, when it carries one
+            record = (
+                line
+                if line is not None and line.settlement is not None
+                else settled_record(view.status, view.uid, view.name, view.spec.attempt)
+            )
             if record is not None:
                 found.append(record)
         return found
@@ -364,7 +393,7 @@ class AsyncReservoir:
         within: float = 60.0,
     ) -> ClaimView:
         """Until the claim's status shows `phase` and `condition` True (the first view
-        that does, with its ledger entry); TimeoutError after `within` seconds;
+        that does); TimeoutError after `within` seconds;
         ClaimNotFoundError if the claim does not exist or is deleted meanwhile. (The
         status mirrors the ledger: once it shows a phase, the ledger has reached it.)
         The claim is read once the watch follows it, then followed by the watch's
@@ -383,7 +412,7 @@ class AsyncReservoir:
                 f"branchclaim/{name} is {timeout.last.phase.value}, "
                 f"not {phase or condition}, after {within:.0f}s"
             ) from None
-        return await self._with_ledger(view)
+        return view
 
     # --- the verbs ----------------------------------------------------------------------
 
@@ -487,15 +516,24 @@ class AsyncReservoir:
         """Cross the commit point: `spec.dispatch: true`. Only for a claim that holds
         capacity, held by this SDK's holder, whose lease can be confirmed: a worker that is
         unsure of its lease must not start irreversible work. A claim already Committed or
-        Running is returned as it is (idempotent)."""
+        Running is returned as it is (idempotent).
+
+        The patch tests the claim's UID and generation (not cancelled, not being deleted, the
+        same holder, as checked) and that its record still shows Tentative, unsettled, with
+        the lease end checked. The envelope is not read: the operator answers for it. It
+        treats every claim of a deleting envelope as deleted and releases a Tentative one on
+        its next pass, after which this patch's test of the phase refuses the dispatch
+        (`StaleClaimError`, the claim read again says it settled); a dispatch that lands
+        before that pass is a commit like any other, and the envelope's deletion waits for
+        the claim's final report (a cancel after the commit point). A dispatch written past
+        the SDK onto a settled claim is recorded as refused (condition DispatchRefused),
+        never counted as work started."""
 
         def may_dispatch(view: ClaimView) -> bool:
             _not_settled(view)
             refuse = f"branchclaim/{view.name}: do not dispatch"
             if view.deleting:
                 raise StaleClaimError(f"{refuse}: the claim is being deleted")
-            if view.envelope_deleting:
-                raise StaleClaimError(f"{refuse}: its envelope is being deleted")
             if view.spec.cancel:
                 raise StaleClaimError(f"{refuse}: the branch was cancelled")
             self._require_holder(view, refuse)
@@ -513,22 +551,29 @@ class AsyncReservoir:
             self._require_lease(view)
             return view.spec.dispatch  # already written: the operator has yet to see it
 
-        return await self._fenced(claim, {"dispatch": True}, may_dispatch, StaleClaimError)
+        return await self._fenced(
+            claim,
+            _spec_write({"dispatch": True}, may_dispatch, DISPATCH_RELIES_ON),
+            StaleClaimError,
+        )
 
     async def cancel(self, claim: ClaimView) -> ClaimView:
         """Prune the branch: `spec.cancel: true`. Released at once before the commit point,
         a cancel request (waiting for the final usage) after it. A claim already cancelled,
-        or being deleted (deletion cancels it), is returned as it is."""
+        or being deleted (deletion cancels it), is returned as it is. (The envelope is not
+        read: a claim of a deleting envelope, which the operator cancels anyway, is written
+        `spec.cancel` like any other.)"""
 
         def may_cancel(view: ClaimView) -> bool:
             _not_settled(view)
-            return view.spec.cancel or view.deleting or view.envelope_deleting
+            return view.spec.cancel or view.deleting
 
-        return await self._fenced(claim, {"cancel": True}, may_cancel)
+        return await self._fenced(claim, _spec_write({"cancel": True}, may_cancel, UNSETTLED))
 
     async def report_usage(self, claim: ClaimView, usage: Mapping[str, str | int]) -> ClaimView:
         """Report cumulative usage so far (never a delta)."""
-        return await self._fenced(claim, {"usage": _quantities(usage)}, _may_report(usage))
+        patch = {"usage": _quantities(usage)}
+        return await self._fenced(claim, _spec_write(patch, _may_report(usage), UNSETTLED))
 
     async def finish(
         self,
@@ -544,7 +589,7 @@ class AsyncReservoir:
         patch: dict[str, Any] = {"usage": _quantities(usage), "final": True, "outcome": outcome}
         if result is not None:
             patch["result"] = result
-        return await self._fenced(claim, patch, _may_report(usage))
+        return await self._fenced(claim, _spec_write(patch, _may_report(usage), UNSETTLED))
 
     async def result(self, claim: ClaimView | str) -> ResultView:
         """What became of the claim, by name: phase, outcome, result reference, when it
@@ -576,60 +621,34 @@ class AsyncReservoir:
         writes nothing twice. `CompensationError` for an empty or zero amount, no reason,
         a key naming another compensation, or a claim that holds the most it keeps."""
         wanted = compensation_request(amount, reason, reference, key)
-        name = claim.name if isinstance(claim, ClaimView) else claim
-        for _ in range(FENCED_RETRIES):
-            obj = await get_object(self.client, BranchClaim, name, self.namespace)
-            if obj is None:
-                raise ClaimNotFoundError(f"branchclaim/{name} not found")
-            view = ClaimView.from_api(obj)
-            if isinstance(claim, ClaimView):
-                _same_claim(claim, view)
-            if already_sent(view.spec.compensations, wanted, name):
-                return await self._with_ledger(view)
-            raw = (obj.get("spec") or {}).get("compensations")
-            try:
-                patched = await self.client.patch(
-                    BranchClaim,
-                    path_segment(name),
-                    append_patch(view.uid, view.generation, raw, wanted),
-                    namespace=self.namespace,
-                    patch_type=PatchType.JSON,
-                )
-            except ApiError as error:
-                code = error.status.code
-                if code == 404:
-                    raise ClaimNotFoundError(f"branchclaim/{name} not found") from None
-                if code in (409, 422):
-                    # A failed test (another writer appended, or the claim moved) and a
-                    # refusal both answer 422: the claim read again tells them apart.
-                    current = await get_object(self.client, BranchClaim, name, self.namespace)
-                    moved = (
-                        current is None
-                        or int(current["metadata"].get("generation") or 0) != view.generation
-                    )
-                    if code == 409 or moved:
-                        continue
-                    raise CompensationError(
-                        f"branchclaim/{name}: refused by the API server: {error.status.message}"
-                    ) from None
-                raise
-            return await self._with_ledger(ClaimView.from_api(as_dict(patched)))
-        raise StaleClaimError(f"branchclaim/{name}: kept changing under {FENCED_RETRIES} tries")
+
+        def append(view: ClaimView) -> Patch | None:
+            if already_sent(view.spec.compensations, wanted, view.name):
+                return None
+            assert view.body is not None
+            return compensation_patch(view.body, wanted.to_api())
+
+        if isinstance(claim, ClaimView):
+            return await self._fenced(claim, append, CompensationError)
+        current = await self._read_claim(claim)  # by name: read once, then as any view
+        return await self._fenced(current, append, CompensationError, fresh=True)
 
     async def renew(self, claim: ClaimView, confirm_timeout: float | None = 10.0) -> ClaimView:
         """Heartbeat the claim's Lease, then (by default) wait for the operator to grant the
-        renewal. Refused (`StaleClaimError`) when the claim is no longer the one `claim`
-        names (UID, attempt), names another holder, is cancelled, being deleted, settled or
-        Detached, or its envelope admits no more work. A Lease held by another holder is
-        never taken over (`LeaseUncertainError`). A renewal that cannot be confirmed raises
-        `LeaseUncertainError`: stop starting irreversible work until the claim is read
-        again."""
-        view = await self._current(claim)
+        renewal. Reads the claim (not its envelope). Refused (`StaleClaimError`) when the
+        claim is no longer the one `claim` names (UID, attempt), names another holder, is
+        cancelled, being deleted, settled or Detached, before the heartbeat or once the
+        wait ends. A Lease held by another holder is never taken over
+        (`LeaseUncertainError`). The operator refuses the renewal of a claim whose envelope
+        is closed, expired or being deleted: the renewal is then not confirmed. A renewal
+        that cannot be confirmed raises `LeaseUncertainError`: stop starting irreversible
+        work until the claim is read again."""
+        view = await self._current_claim(claim)
         problem = self._renew_problem(view)
         if problem:
             raise StaleClaimError(f"branchclaim/{view.name}: cannot renew: {problem}")
         # Confirmed once the status shows a grant later than anything recorded now.
-        before = max(view.renewals, view.ledger_renewals)
+        before = _renewals(view)
         await self._beat(view)
         if confirm_timeout is None:
             return view
@@ -640,7 +659,7 @@ class AsyncReservoir:
             # Another claim of the name, settled, Detached, cancelled, deleting...: no
             # grant is coming; the claim as read next says which.
             return (
-                current.renewals > before
+                _renewals(current) > before
                 or current.uid != uid
                 or current.spec.attempt != attempt
                 or self._renew_problem(current) is not None
@@ -652,9 +671,12 @@ class AsyncReservoir:
             pass  # read once more below: a grant may have landed just now
         except ClaimNotFoundError:
             raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
-        view = await self._current(claim)
-        if view.renewals > before:
+        view = await self._current_claim(claim)
+        if _renewals(view) > before:
             return view
+        problem = self._renew_problem(view)
+        if problem:
+            raise StaleClaimError(f"branchclaim/{view.name}: renewal refused: {problem}")
         raise LeaseUncertainError(
             f"branchclaim/{view.name}: renewal not confirmed (phase {view.ledger_phase.value}); "
             "do not start irreversible work"
@@ -688,17 +710,9 @@ class AsyncReservoir:
     async def _read_envelope(self, name: str) -> dict[str, Any] | None:
         return await get_object(self.client, ReservationEnvelope, name, self.namespace)
 
-    async def _with_ledger(self, view: ClaimView) -> ClaimView:
-        """`view` with its entry in its envelope's ledger as it stands now."""
-        return view.with_ledger(await self._read_envelope(view.spec.envelope))
-
-    async def _current(self, caller: ClaimView) -> ClaimView:
-        """The claim `caller` names as it is now, with its ledger entry; StaleClaimError if
-        it is gone or is now another claim."""
-        return await self._with_ledger(await self._current_claim(caller))
-
     async def _current_claim(self, caller: ClaimView) -> ClaimView:
-        """The claim object `caller` names as it is now (no ledger entry read)."""
+        """The claim `caller` names as it is now (its record as the claim carries it);
+        StaleClaimError if it is gone or is now another claim."""
         try:
             current = await self._read_claim(caller.name)
         except ClaimNotFoundError:
@@ -737,36 +751,49 @@ class AsyncReservoir:
             return "the branch was cancelled: its lease is not extended"
         if view.deleting:
             return "the claim is being deleted"
-        if view.envelope_deleting:
-            return "its envelope is being deleted"
         if view.ledger_phase is ClaimPhase.DETACHED:
             return "the lease already lapsed (Detached)"
-        if not view.envelope_accepting:
-            return "its envelope is closed or expired: leases are not extended"
         return None
 
     async def _fenced(
         self,
         claim: ClaimView,
-        spec_patch: Mapping[str, Any],
-        requires: Check,
+        decide: Decide,
         refused: type[ReservoirError] = ReservoirError,
+        *,
+        fresh: bool = False,
     ) -> ClaimView:
-        """Patch the claim's spec. `requires` runs on the claim and its ledger entry as they
-        are now (read before the first write, re-read after every refused write), and each
-        write is conditional on the UID and generation of exactly the claim it checked
-        (`fenced_patch`): a caller's view that is no longer current is treated as a moved
-        claim would be."""
-        view = await self._current(claim)
+        """Write the claim with one JSON patch, reading at most the claim. `decide` runs on
+        the claim as the caller's view read it (`fresh`: as just read) and returns the patch,
+        whose tests carry what it relied on, or None when there is nothing to write, or
+        raises when the verb no longer applies. A caller's view is not read again before
+        the write: if it is stale, the patch's tests refuse it (422) and the claim read
+        again says why. Only a decision to write is taken on an unread view: a refusal or
+        "nothing to write" is decided again on the claim as it is now, so no error and no
+        return is ever based on a stale view. A 422 whose tests the claim read again still
+        passes is a refusal (a rule of the schema or of an admission policy): `refused`."""
+        view = ClaimView.from_api(claim.body) if claim.body is not None else None
+        if view is None:
+            view, fresh = await self._current_claim(claim), True
         for _ in range(FENCED_RETRIES):
             _same_claim(claim, view)
-            if requires(view):
-                return view
+            try:
+                patch = decide(view)
+            except ReservoirError:
+                if fresh:
+                    raise
+                view, fresh = await self._current_claim(claim), True
+                continue
+            if patch is None:
+                if fresh:
+                    return view
+                view, fresh = await self._current_claim(claim), True
+                continue
             try:
                 patched = await self.client.patch(
                     BranchClaim,
-                    view.name,
-                    fenced_patch(view, spec_patch),
+                    path_segment(view.name),
+                    patch,
                     namespace=self.namespace,
                     patch_type=PatchType.JSON,
                 )
@@ -774,20 +801,20 @@ class AsyncReservoir:
                 code = error.status.code
                 if code == 404:
                     raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
-                if code in (409, 422):
-                    # A failed test (the claim moved) and a refusal both answer 422: the
-                    # claim read again tells them apart, and only a moved claim needs its
-                    # ledger entry read again to be checked anew.
-                    current = await self._current_claim(claim)
-                    if code == 409 or current.generation != view.generation:
-                        view = await self._with_ledger(current)
-                        continue
-                    raise refused(
-                        f"branchclaim/{view.name}: refused by the API server: "
-                        f"{error.status.message}"
-                    ) from None
-                raise
-            return view.with_object(as_dict(patched))
+                if code not in (409, 422):
+                    raise
+                # A failed test and a refusal both answer 422: the claim read again tells
+                # them apart, and is what the verb decides on next.
+                current = await get_object(self.client, BranchClaim, view.name, self.namespace)
+                if current is None:
+                    raise StaleClaimError(f"branchclaim/{view.name} no longer exists") from None
+                if code == 409 or failed_tests(patch, current):
+                    view, fresh = ClaimView.from_api(current), True
+                    continue
+                raise refused(
+                    f"branchclaim/{view.name}: refused by the API server: {error.status.message}"
+                ) from None
+            return ClaimView.from_api(as_dict(patched))
         raise StaleClaimError(
             f"branchclaim/{view.name}: kept changing under {FENCED_RETRIES} tries"
         )
@@ -849,31 +876,29 @@ class AsyncReservoir:
             raise
 
 
-def fenced_patch(view: ClaimView, spec_patch: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """A JSON patch writing `spec_patch` into the claim's spec as a merge patch would (a
-    map merges key by key: usage reported for one resource keeps the others), applied only
-    if the claim is still the one `view` read: its UID, and its generation, which moves
-    with every spec write and with the deletion but not with the operator's status writes
-    (which made a resourceVersion condition fail about once per claim under load)."""
-    patch: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/uid", "value": view.uid},
-        {"op": "test", "path": "/metadata/generation", "value": view.generation},
-    ]
-    for field, value in spec_patch.items():
-        current = getattr(view.spec, field, None)
-        if isinstance(value, Mapping) and isinstance(current, Mapping) and current:
-            patch += [
-                {"op": "add", "path": f"/spec/{field}/{_pointer(key)}", "value": item}
-                for key, item in value.items()
-            ]
-        else:
-            patch.append({"op": "add", "path": f"/spec/{field}", "value": value})
-    return patch
+def fenced_patch(
+    view: ClaimView, spec_patch: Mapping[str, Any], relies_on: Iterable[str] = ()
+) -> Patch:
+    """`reservoir.sdk.patches.fenced_patch` of the claim object `view` was read from."""
+    if view.body is None:
+        raise ValueError(f"branchclaim/{view.name}: a view not read from the API server")
+    return patches.fenced_patch(view.body, spec_patch, relies_on)
 
 
-def _pointer(key: str) -> str:
-    """`key` as a JSON pointer segment (RFC 6901): "nvidia.com/gpu" is "nvidia.com~1gpu"."""
-    return key.replace("~", "~0").replace("/", "~1")
+def _spec_write(spec_patch: Mapping[str, Any], requires: Check, relies_on: Iterable[str]) -> Decide:
+    """A verb's decision: `spec_patch`, fenced on what `requires` checked, unless
+    `requires` says it is done already (or raises)."""
+
+    def decide(view: ClaimView) -> Patch | None:
+        if requires(view):
+            return None
+        return fenced_patch(view, spec_patch, relies_on)
+
+    return decide
+
+
+def _renewals(view: ClaimView) -> int:
+    return max(view.renewals, view.ledger_renewals)
 
 
 def _quantities(values: Mapping[str, str | int]) -> dict[str, str]:

@@ -5,7 +5,8 @@ authorization), a reason and a business reference, idempotent by a key.
 The claim's spec holds quantities that are never negative, so the signed amount is split
 into `charge` and `refund`. The key defaults to a hash of what is asked, so a retried call
 (the answer lost, the process restarted) finds its own compensation and writes nothing;
-the append is a JSON patch that tests the list as read, so two writers never lose one."""
+the append is a JSON patch that tests the list as read (reservoir.sdk.patches
+.compensation_patch), so two writers never lose one."""
 
 from __future__ import annotations
 
@@ -111,23 +112,3 @@ def already_sent(sent: list[Compensation], wanted: Compensation, claim: str) -> 
             "a claim keeps: nothing was written"
         )
     return False
-
-
-def append_patch(
-    uid: str, generation: int, raw: list[Any] | None, wanted: Compensation
-) -> list[dict[str, Any]]:
-    """A JSON patch appending `wanted` to the claim's spec.compensations, applied only if
-    the claim is still the one read (UID, generation) and its list is still `raw`, exactly
-    as read (so its length too): two writers never lose one's compensation."""
-    item = wanted.to_api()
-    patch: list[dict[str, Any]] = [
-        {"op": "test", "path": "/metadata/uid", "value": uid},
-        {"op": "test", "path": "/metadata/generation", "value": generation},
-    ]
-    if raw is None:
-        return [*patch, {"op": "add", "path": "/spec/compensations", "value": [item]}]
-    return [
-        *patch,
-        {"op": "test", "path": "/spec/compensations", "value": raw},
-        {"op": "add", "path": "/spec/compensations/-", "value": item},
-    ]

@@ -31,6 +31,7 @@ from reservoir.core.model import (
 )
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
 from reservoir.core.windows import replenishing
+from reservoir.sdk.patches import LEDGER_FIELD
 
 # Envelope phases in which the operator extends no lease and admits no work.
 NOT_ACCEPTING_PHASES = frozenset(
@@ -38,17 +39,25 @@ NOT_ACCEPTING_PHASES = frozenset(
 )
 
 
+def claim_record(obj: Mapping[str, Any]) -> tuple[BranchClaimStatus, LedgerEntry | None]:
+    """A claim's status and its ledger line as the claim carries it (`status.ledger`, None
+    when absent)."""
+    status = BranchClaimStatus.model_validate(obj.get("status") or {})
+    return status, status.ledger
+
+
 @dataclass(frozen=True)
 class ClaimView:
-    """A claim as last read: pass it back to the next verb, which is fenced by its
-    generation (its spec and deletion as read).
+    """A claim as last read: pass it back to the next verb, which decides on it and sends
+    one JSON patch whose tests carry what the decision relied on (reservoir.sdk.patches).
 
-    Two records describe a claim. Its envelope's ledger (`entry`, keyed by the claim's UID)
-    is authoritative; the claim's own `status` mirrors it and lags it. A settled entry may
-    be compacted out of the ledger once the claim's status carries the settlement, so the
-    `ledger_*` properties and `settlement` read the entry when there is one and the status
-    otherwise. `phase`, `expires_at` and `renewals` are the status mirror, as `kubectl get`
-    shows it. The verbs always decide on the authoritative record, read afresh.
+    The claim's authoritative record is its line of the ledger. It is read from the claim
+    itself: `status.ledger` (a LedgerEntry) when the operator writes it there, else the
+    claim's status, which mirrors the line (and carries it once a settled line was
+    compacted away). Views listed with their envelope (`claims`, `tree`) take a claim's
+    line from the envelope's ledger when the claim carries none. The `ledger_*` properties
+    and `settlement` read `entry` when there is one and the status otherwise. `phase`,
+    `expires_at` and `renewals` are the status mirror, as `kubectl get` shows it.
     """
 
     name: str
@@ -61,34 +70,44 @@ class ClaimView:
     # metadata.generation: moves with every spec write and with the deletion, not with the
     # operator's status writes; the SDK's spec writes are conditional on it.
     generation: int = 0
-    # The claim's line in its envelope's ledger (None: not admitted, compacted, or the
-    # envelope was not read); `ledger_read` says whether the envelope was read at all.
+    # The claim's line of the ledger: its `status.ledger`, else (views listed with their
+    # envelope) its entry in the envelope's ledger; None: not admitted, compacted, or not
+    # carried. `ledger_read` says whether the envelope was read at all.
     entry: LedgerEntry | None = None
     ledger_read: bool = False
+    # Known only when the envelope was read (`claims`, `tree`); the verbs do not read it: the
+    # operator refuses work on a deleting or closed envelope (see AsyncReservoir.dispatch).
     envelope_deleting: bool = False
     # False once the envelope is closed, expired or deleting: no lease is extended.
     envelope_accepting: bool = True
+    # The claim object as read: the verbs' patches test what they relied on against it.
+    body: Mapping[str, Any] | None = dataclasses.field(default=None, compare=False, repr=False)
 
     @classmethod
-    def from_api(cls, obj: dict[str, Any]) -> ClaimView:
+    def from_api(cls, obj: Mapping[str, Any]) -> ClaimView:
         meta = obj["metadata"]
+        status, line = claim_record(obj)
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", ""),
             uid=meta["uid"],
             resource_version=meta["resourceVersion"],
             spec=BranchClaimSpec.model_validate(obj.get("spec") or {}),
-            status=BranchClaimStatus.model_validate(obj.get("status") or {}),
+            status=status,
             deleting=bool(meta.get("deletionTimestamp")),
             generation=int(meta.get("generation") or 0),
+            entry=line,
+            body=obj,
         )
 
     def with_ledger(self, envelope: dict[str, Any] | None) -> ClaimView:
-        """This view with its entry from `envelope` (a ReservationEnvelope as read; None
-        when it does not exist)."""
+        """This view with what `envelope` (a ReservationEnvelope as read; None when it does
+        not exist) says of it: whether it is deleting or admits work, and, when the claim
+        carries no `status.ledger` of its own, its entry in the envelope's ledger."""
+        own = self.entry if self.carries_ledger else None
         if envelope is None:
             return dataclasses.replace(
-                self, entry=None, ledger_read=True, envelope_deleting=False, envelope_accepting=True
+                self, entry=own, ledger_read=True, envelope_deleting=False, envelope_accepting=True
             )
         # Only this claim's entry and the envelope's phase are parsed, not the whole ledger:
         # a verb reads the envelope once per call, and the ledger grows with the envelope.
@@ -98,7 +117,6 @@ class ClaimView:
         deleting = bool((envelope.get("metadata") or {}).get("deletionTimestamp"))
         closed = (envelope.get("spec") or {}).get("state") == EnvelopeState.CLOSED.value
         entry = None if raw_entry is None else LedgerEntry.model_validate(raw_entry)
-        own = self.status.ledger
         if entry is None or (own is not None and own.stamp >= entry.stamp):
             entry = own  # the claim's own line, unless a newer move of it is in flight
         return dataclasses.replace(
@@ -109,20 +127,25 @@ class ClaimView:
             envelope_accepting=not (deleting or closed or phase.phase in NOT_ACCEPTING_PHASES),
         )
 
-    def with_object(self, obj: dict[str, Any]) -> ClaimView:
-        """The claim object `obj` (a newer read or a write's answer) with this view's ledger."""
+    def with_object(self, obj: Mapping[str, Any]) -> ClaimView:
+        """The claim object `obj` (a newer read or a write's answer), with this view's
+        envelope-ledger entry only when the claim carries no line of its own."""
         fresh = ClaimView.from_api(obj)
+        if fresh.carries_ledger or not self.ledger_read:
+            return fresh
         return dataclasses.replace(
-            self,
-            name=fresh.name,
-            namespace=fresh.namespace,
-            uid=fresh.uid,
-            resource_version=fresh.resource_version,
-            spec=fresh.spec,
-            status=fresh.status,
-            deleting=fresh.deleting,
-            generation=fresh.generation,
+            fresh,
+            entry=self.entry,
+            ledger_read=True,
+            envelope_deleting=self.envelope_deleting,
+            envelope_accepting=self.envelope_accepting,
         )
+
+    @property
+    def carries_ledger(self) -> bool:
+        """Whether the claim object carries its ledger line (`status.ledger`)."""
+        status = (self.body or {}).get("status")
+        return isinstance(status, Mapping) and status.get(LEDGER_FIELD) is not None
 
     # --- the status mirror (what `kubectl get` shows) ------------------------------------
 

@@ -1,0 +1,191 @@
+"""The SDK's JSON patches carry the verbs' preconditions as `test` operations (pure): what
+each tests, the merge of a map into the spec, and the local reading of a refused patch
+(whose tests the claim read again still passes: a refusal, not a moved claim)."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from reservoir.core.model import ClaimPhase
+from reservoir.sdk.patches import (
+    DISPATCH_RELIES_ON,
+    UNSETTLED,
+    compensation_patch,
+    failed_tests,
+    fenced_patch,
+    pointer,
+    record_tests,
+    segments_of,
+)
+from reservoir.sdk.views import ClaimView
+
+EXPIRES = "2026-01-01T00:01:00Z"
+LINE = {
+    "claim": "x",
+    "branch": "b",
+    "attempt": 1,
+    "phase": "Tentative",
+    "reserved": {"tokens": "20"},
+    "expiresAt": EXPIRES,
+}
+
+
+def claim(status: dict[str, Any] | None = None, **spec: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": "x", "namespace": "ns", "uid": "u-1", "resourceVersion": "7"},
+        "spec": {"envelope": "wf", "requests": {"tokens": "20"}, **spec},
+    }
+    body["metadata"]["generation"] = 2
+    if status is not None:
+        body["status"] = status
+    return body
+
+
+def mirror(phase: str = "Tentative", **more: Any) -> dict[str, Any]:
+    return {"phase": phase, "lease": {"expiresAt": EXPIRES, "renewals": 0}, **more}
+
+
+def checks_in(patch: list[dict[str, Any]]) -> dict[str, Any]:
+    return {op["path"]: op["value"] for op in patch if op["op"] == "test"}
+
+
+def test_pointers_escape_tilde_and_slash_and_read_back() -> None:
+    assert pointer(("spec", "usage", "nvidia.com/gpu")) == "/spec/usage/nvidia.com~1gpu"
+    assert pointer(("a~b",)) == "/a~0b"
+    assert segments_of("/spec/usage/nvidia.com~1gpu/a~0b") == [
+        "spec",
+        "usage",
+        "nvidia.com/gpu",
+        "a~b",
+    ]
+    assert segments_of("") == []
+
+
+def test_a_dispatch_decided_on_the_mirror_tests_identity_phase_no_settlement_and_lease() -> None:
+    read = claim(mirror())
+    patch = fenced_patch(read, {"dispatch": True}, DISPATCH_RELIES_ON)
+    assert checks_in(patch) == {
+        "/metadata/uid": "u-1",
+        "/metadata/generation": 2,
+        "/status/ledger": None,  # no ledger line appeared since
+        "/status/phase": "Tentative",
+        "/status/settlement": None,
+        "/status/lease/expiresAt": EXPIRES,
+    }
+    assert patch[-1] == {"op": "add", "path": "/spec/dispatch", "value": True}
+    assert [op["op"] for op in patch] == ["test"] * 6 + ["add"], "tests come first"
+
+
+def test_a_decision_on_the_claims_ledger_line_tests_the_line() -> None:
+    read = claim({**mirror(phase="Pending"), "ledger": LINE})
+    assert checks_in(fenced_patch(read, {"dispatch": True}, DISPATCH_RELIES_ON)) == {
+        "/metadata/uid": "u-1",
+        "/metadata/generation": 2,
+        "/status/ledger/phase": "Tentative",  # the line, not the lagging mirror
+        "/status/ledger/settlement": None,
+        "/status/ledger/expiresAt": EXPIRES,
+    }
+    view = ClaimView.from_api(read)
+    assert view.entry is not None and view.carries_ledger
+    assert view.ledger_phase is ClaimPhase.TENTATIVE and view.phase is ClaimPhase.PENDING
+
+
+def test_a_claim_without_status_tests_that_it_still_has_none() -> None:
+    """The API server matches null to a missing member only: the first missing segment is
+    the one tested, once."""
+    assert checks_in(fenced_patch(claim(), {"cancel": True}, UNSETTLED)) == {
+        "/metadata/uid": "u-1",
+        "/metadata/generation": 2,
+        "/status": None,
+    }
+    no_lease = checks_in(record_tests(claim({"phase": "Pending"}), DISPATCH_RELIES_ON))
+    assert no_lease["/status/lease"] is None and "/status/lease/expiresAt" not in no_lease
+
+
+def test_a_decision_relying_on_no_record_field_tests_only_the_identity() -> None:
+    """The operator's status writes never refuse it (tests/integration/
+    test_conditional_writes.py)."""
+    patch = fenced_patch(claim(), {"dispatch": True})
+    assert checks_in(patch) == {"/metadata/uid": "u-1", "/metadata/generation": 2}
+    assert failed_tests(patch, claim(mirror())) == []
+
+
+def test_a_map_merges_key_by_key_into_a_map_already_there() -> None:
+    usage = {"tokens": "5", "nvidia.com/gpu": "1"}
+    first = fenced_patch(claim(mirror()), {"usage": usage}, UNSETTLED)
+    assert first[-1] == {"op": "add", "path": "/spec/usage", "value": usage}
+    later = fenced_patch(claim(mirror(), usage={"cost": "1"}), {"usage": usage}, UNSETTLED)
+    assert later[-2:] == [
+        {"op": "add", "path": "/spec/usage/tokens", "value": "5"},
+        {"op": "add", "path": "/spec/usage/nvidia.com~1gpu", "value": "1"},
+    ]
+
+
+def test_failed_tests_tell_a_moved_claim_from_a_refusal() -> None:
+    read = claim(mirror())
+    patch = fenced_patch(read, {"dispatch": True}, DISPATCH_RELIES_ON)
+    assert failed_tests(patch, read) == [], "unmoved: a 422 was a refusal"
+    assert failed_tests(patch, None) == [op["path"] for op in patch if op["op"] == "test"]
+
+    released = copy.deepcopy(read)
+    released["status"].update(phase="Released", settlement={"phase": "Released"})
+    assert failed_tests(patch, released) == ["/status/phase", "/status/settlement"]
+
+    renewed = copy.deepcopy(read)
+    renewed["status"]["lease"]["expiresAt"] = "2026-01-01T00:02:00Z"
+    assert failed_tests(patch, renewed) == ["/status/lease/expiresAt"]
+
+    cancelled = copy.deepcopy(read)
+    cancelled["spec"]["cancel"] = True
+    cancelled["metadata"]["generation"] = 3
+    assert failed_tests(patch, cancelled) == ["/metadata/generation"]
+
+    lined = copy.deepcopy(read)
+    lined["status"]["ledger"] = LINE
+    assert failed_tests(patch, lined) == ["/status/ledger"]
+
+    recreated = copy.deepcopy(read)
+    recreated["metadata"]["uid"] = "u-2"
+    assert failed_tests(patch, recreated) == ["/metadata/uid"]
+
+
+def test_null_matches_a_missing_member_not_a_missing_parent() -> None:
+    fresh = claim()
+    patch = fenced_patch(fresh, {"cancel": True}, UNSETTLED)
+    assert failed_tests(patch, fresh) == []
+    assert failed_tests(patch, claim({"phase": "Pending"})) == ["/status"]
+    orphan = [{"op": "test", "path": "/status/ledger/phase", "value": None}]
+    assert failed_tests(orphan, claim({"phase": "Pending"})) == ["/status/ledger/phase"]
+    assert failed_tests(orphan, claim({"ledger": {}})) == []
+
+
+def test_the_status_ledger_is_read_tolerantly_and_the_status_parsed_without_it() -> None:
+    view = ClaimView.from_api(claim({**mirror(), "ledger": LINE}))
+    assert view.status.phase is ClaimPhase.TENTATIVE
+    assert view.entry is not None and view.entry.expires_at is not None
+    plain = ClaimView.from_api(claim(mirror()))
+    assert plain.entry is None and not plain.carries_ledger
+    assert plain.ledger_expires_at == plain.expires_at
+
+
+def test_a_compensation_tests_identity_and_the_list_as_read() -> None:
+    item = {"key": "k1", "reason": "refund", "refund": {"cost": "1"}}
+    first = compensation_patch(claim(), item)
+    assert checks_in(first) == {"/metadata/uid": "u-1", "/metadata/generation": 2}
+    assert first[-1] == {"op": "add", "path": "/spec/compensations", "value": [item]}
+    listed = [{"key": "k0", "reason": "r", "charge": {"cost": "1"}}]
+    more = compensation_patch(claim(compensations=listed), item)
+    assert checks_in(more)["/spec/compensations"] == listed
+    assert more[-1] == {"op": "add", "path": "/spec/compensations/-", "value": item}
+
+
+@pytest.mark.parametrize("fields", [(), UNSETTLED, DISPATCH_RELIES_ON])
+def test_a_patch_passes_its_own_tests_on_the_object_it_was_built_from(
+    fields: tuple[str, ...],
+) -> None:
+    for status in (None, {"phase": "Pending"}, mirror(), {**mirror(), "ledger": LINE}):
+        read = claim(status)
+        assert failed_tests(fenced_patch(read, {"cancel": True}, fields), read) == []
