@@ -201,10 +201,10 @@ def test_a_compensation_on_an_unsettled_claim_waits_for_its_settlement() -> None
 def test_a_compensation_waits_for_room_in_the_ledgers_byte_budget(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from reservoir.core import compensation
+    from reservoir.core import reconcile
 
     sim = settled()
-    monkeypatch.setattr(compensation, "LEDGER_BYTES_BUDGET", 0)
+    monkeypatch.setattr(reconcile, "LEDGER_BYTES_BUDGET", 0)
     ask(sim, "k", {"cost": "1"}).reconcile().mirror().reconcile()
     assert records(sim) == [] and committed(sim, "cost") == Decimal(4)
     monkeypatch.undo()

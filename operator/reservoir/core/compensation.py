@@ -24,14 +24,13 @@ says it was applied, whatever pass sees it next.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
 
 from reservoir.core.contracts import default_contract
 from reservoir.core.ledger import ZERO, add, positive, render_each, subtract
-from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, charged_now
 from reservoir.core.model import (
     Compensation,
@@ -39,7 +38,6 @@ from reservoir.core.model import (
     Contract,
     ContractType,
     LedgerEntry,
-    ReservationEnvelopeStatus,
 )
 from reservoir.core.quantity import format_quantity
 from reservoir.core.text import MESSAGE_LENGTH, bounded
@@ -79,7 +77,7 @@ def compensate(
     entry: LedgerEntry,
     facts: ClaimFacts,
     declared: Mapping[str, Contract],
-    ledger: ReservationEnvelopeStatus,
+    fits: Callable[[LedgerEntry, LedgerEntry], bool],
     dimensions: frozenset[str],
     room: dict[str, Decimal] | None,
     now: datetime,
@@ -87,13 +85,13 @@ def compensate(
 ) -> Moved:
     """Record (and apply, while `room` is not None) the compensations `facts` asks that
     `entry` has not recorded, in place. `declared`: the envelope's spec.contracts;
-    `ledger` and `dimensions`: the envelope's ledger and resources. `room` is drawn down by
-    charges and grows with refunds.
+    `dimensions`: the envelope's resources. `room` is drawn down by charges and grows with
+    refunds.
 
-    An entry of the ledger, or a record that moves capacity (it comes back into the ledger
-    to be written with the totals), must stay within the ledger's byte budget with its new
-    records: if it would not, nothing is recorded and they wait for a later pass (never
-    recorded as "not applied" for a momentary lack of room)."""
+    A line with its new records must stay within the byte budget of the envelope's record
+    in flight (`fits(line as it was, line with them)`, reservoir.core.reconcile): if it
+    would not, nothing is recorded and they wait for a later pass (never recorded as "not
+    applied" for a momentary lack of room)."""
     todo = waiting(entry, facts.spec.compensations)
     if not todo:
         return Moved()
@@ -116,21 +114,12 @@ def compensate(
     if not records:
         return moved
     candidate = entry.model_copy(update={"compensations": [*entry.compensations, *records]})
-    in_ledger = facts.uid in ledger.entries or moved.moves
-    if in_ledger and not _fits(ledger, facts.uid, candidate, dimensions):
+    if not fits(entry, candidate):
         return Moved()
     entry.compensations = candidate.compensations
     if room is not None and balance is not None:
         room.update(balance)
     return moved
-
-
-def _fits(
-    ledger: ReservationEnvelopeStatus, uid: str, record: LedgerEntry, dimensions: frozenset[str]
-) -> bool:
-    """Whether the ledger stays within its byte budget with `record` as `uid`'s entry."""
-    others = [e for u, e in ledger.entries.items() if u != uid]
-    return ledger_bytes([*others, record], dimensions) <= LEDGER_BYTES_BUDGET
 
 
 def _one(

@@ -62,17 +62,21 @@ def counts(line: LedgerEntry) -> bool:
 
 def footprint(line: LedgerEntry | None) -> tuple[object, ...]:
     """What of a line the envelope's totals and admissions depend on. A move that leaves
-    it as it was is written to the claim alone. (Tentative → Committed changes it only in
-    a way a stale view reads as more cautious: a tentative claim counted too long.)"""
-    if line is None or not counts(line):
+    it as it was is written to the claim alone. (Tentative → Committed leaves it: a stale
+    view reads that only as more cautious, a tentative claim counted too long.)"""
+    if line is None:
         return ()
     return (
+        counts(line),
         line.phase.holds_capacity,
         line.phase is ClaimPhase.DETACHED,
         _sorted(still_held(line)) if line.phase.holds_capacity else (),
         _sorted(devices_in_use(line)),
         _sorted(line.retry.resources) if line.retry is not None and line.retry.active else (),
-        line.settlement is not None,
+        # A settlement, a late adjustment and compensations move the committed total.
+        line.settlement,
+        line.adjustment,
+        line.compensations,
         # A device hand-off lifts the workload pod's gate: recorded on the envelope first,
         # like every move that lets work start on held devices.
         line.devices,

@@ -19,7 +19,7 @@ result with one compare-and-swap; on a conflict it re-reads and calls it again.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -80,7 +80,12 @@ from reservoir.core.ledger import (
     one_line,
     subtract,
 )
-from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, ledger_bytes, projected_bytes
+from reservoir.core.ledgersize import (
+    LEDGER_BYTES_BUDGET,
+    entry_bytes,
+    ledger_bytes,
+    projected_bytes,
+)
 from reservoir.core.lifecycle import (
     ClaimFacts,
     LedgerEvent,
@@ -410,7 +415,14 @@ def reconcile(
             # settlement returned R − C, and a charge refused for it would be refused for
             # good where an operator that saw the settlement first applies it (review).
             moved = compensate(
-                entry, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
+                entry,
+                facts,
+                envelope.spec.contracts,
+                _fits(result),
+                dimensions,
+                comp_room,
+                now,
+                last_call,
             )
             committed = moved.committed(committed)
             charges_waiting = add(charges_waiting, moved.waiting)
@@ -435,7 +447,14 @@ def reconcile(
         events = _advance(result, record, facts, policy, renewals_open, room, adjust)
         # A compensation that moves capacity comes back into the ledger the same way.
         moved = compensate(
-            record, facts, envelope.spec.contracts, ledger, dimensions, comp_room, now, last_call
+            record,
+            facts,
+            envelope.spec.contracts,
+            _fits(result),
+            dimensions,
+            comp_room,
+            now,
+            last_call,
         )
         charges_waiting = add(charges_waiting, moved.waiting)
         if record == facts.settled_record:
@@ -612,6 +631,20 @@ def _has_room_for(result: Reconciliation, line: LedgerEntry) -> bool:
     """Whether a new line may go in flight in this pass (see Reconciliation.room_bytes)."""
     room = result.room_bytes
     return result.new_lines_room > 0 and projected_bytes(line, result.dimensions) <= room
+
+
+def _fits(result: Reconciliation) -> Callable[[LedgerEntry, LedgerEntry], bool]:
+    """Whether a line may grow by its new compensation records within what the record in
+    flight's byte budget has left (each record's growth is charged as it is made)."""
+
+    def fits(before: LedgerEntry, after: LedgerEntry) -> bool:
+        growth = entry_bytes(after) - entry_bytes(before)
+        if growth > result.room_bytes:
+            return False
+        result.room_bytes -= growth
+        return True
+
+    return fits
 
 
 def _charge(result: Reconciliation, line: LedgerEntry) -> None:

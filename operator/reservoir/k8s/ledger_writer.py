@@ -567,6 +567,16 @@ class LedgerWriter:
             namespace, name, snapshot(envelope, envelope_facts, claims, result)
         )
         problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
+        if result.lost is not None:
+            lost = result.lines[result.lost]
+            self.record(
+                envelope,
+                "Warning",
+                "ClaimLinesLost",
+                f"claims removed by hand while the operator was away held {lost.reserved}: "
+                f"kept held as line {result.lost}; settle it by name with the "
+                "reservoir.dev/force-settle-gone annotation once you know what ran",
+            )
         # Recorded: the lines of claims seen deleted are in flight now, or settled.
         self._departed.get((namespace, name), {}).clear()
         mirrored, rewritten = await self._mirror(namespace, name, claims, result, now, problems)

@@ -1,0 +1,158 @@
+"""Each claim holds its own ledger line (issue 23), on the real control plane: one envelope
+with 2,000 live claims stays a few KB, and an envelope written in the old shape (every live
+claim's entry in the envelope, no stamps) is taken over by the new operator without moving
+any capacity."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from decimal import Decimal
+from typing import Any
+
+from reservoir.core.inflight import IN_FLIGHT_LIMIT
+from reservoir.core.model import ClaimPhase
+from reservoir.sdk import Reservoir
+from tests.clusters import ClusterHandle
+from tests.integration.conftest import OperatorProcess, StartOperator
+from tests.integration.helpers import create_envelope, eventually, records
+
+LIVE = 2000
+
+
+def envelope_of(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(cluster.kubectl("get", "renv", name, "-n", ns, "-o", "json"))
+    return body
+
+
+def apply_claims(cluster: ClusterHandle, ns: str, envelope: str, names: list[str]) -> None:
+    """Create many claims with a few kubectl applies (a List of 200 at a time)."""
+
+    def apply(chunk: list[str]) -> None:
+        items = [
+            {
+                "apiVersion": "reservoir.dev/v1alpha1",
+                "kind": "BranchClaim",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"envelope": envelope, "requests": {"tokens": "1"}},
+            }
+            for name in chunk
+        ]
+        document = json.dumps({"apiVersion": "v1", "kind": "List", "items": items})
+        cluster.kubectl("apply", "-f", "-", input=document)
+
+    chunks = [names[i : i + 200] for i in range(0, len(names), 200)]
+    with ThreadPoolExecutor(2) as pool:
+        list(pool.map(apply, chunks))
+
+
+def test_two_thousand_live_claims_in_one_envelope_keep_it_small(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    create_envelope(
+        cluster, ns, "wide", {"tokens": "100000"}, defaultLeaseSeconds=3600,
+        maxClaimLifetimeSeconds=7200,
+    )  # fmt: skip
+    names = [f"branch-{i:05d}" for i in range(LIVE)]
+    apply_claims(cluster, ns, "wide", names)
+    most_in_flight = 0
+
+    def all_admitted() -> bool:
+        nonlocal most_in_flight
+        status = envelope_of(cluster, ns, "wide").get("status") or {}
+        most_in_flight = max(most_in_flight, len(status.get("entries") or {}))
+        reserved = Decimal((status.get("totals") or {}).get("reserved", {}).get("tokens", "0"))
+        return reserved == LIVE
+
+    eventually("2,000 claims admitted", all_admitted, timeout=900, every=2)
+    assert most_in_flight <= 2 * IN_FLIGHT_LIMIT, most_in_flight
+
+    def settled_down() -> dict[str, Any]:
+        status: dict[str, Any] = envelope_of(cluster, ns, "wide")["status"]
+        return status if not status.get("entries") else {}
+
+    status = eventually("every line to reach its claim", settled_down, timeout=300, every=2)
+    assert status["claimRecords"]["count"] == LIVE
+    size = len(json.dumps(status))
+    assert size < 8192, f"the envelope's status holds totals, not 2,000 lines: {size} bytes"
+    lines = records(sdk, "wide")
+    assert len(lines) == LIVE
+    assert all(line.phase is ClaimPhase.TENTATIVE for line in lines.values())
+    assert sum(line.reserved["tokens"] for line in lines.values()) == LIVE
+
+    # A move of one of them is one claim write; a settlement goes through the envelope.
+    sdk.cancel(sdk.get("branch-00007"))
+    eventually("the cancel to settle", lambda: sdk.get("branch-00007").phase == "Released")
+    eventually(
+        "its capacity back",
+        lambda: (
+            envelope_of(cluster, ns, "wide")["status"]["totals"]["reserved"]["tokens"]
+            == str(LIVE - 1)
+        ),
+    )
+
+
+def test_an_envelope_in_the_old_shape_is_taken_over_without_moving_capacity(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    """Written by an operator of before issue 23: every live claim's entry in the envelope,
+    none stamped, no digest, and claims whose status carries no line."""
+    create_envelope(cluster, ns, "old", {"tokens": "100"}, defaultLeaseSeconds=3600)
+    apply_claims(cluster, ns, "old", ["a", "b", "c"])
+    operator = start_operator()
+    eventually(
+        "admitted",
+        lambda: envelope_of(cluster, ns, "old")["status"]["totals"]["reserved"]["tokens"] == "3",
+        timeout=60,
+    )
+    eventually(
+        "lines on the claims",
+        lambda: not envelope_of(cluster, ns, "old")["status"].get("entries"),
+        timeout=60,
+    )
+    operator.stop()
+    # Rewrite both sides in the old shape, as the old operator left them.
+    envelope = envelope_of(cluster, ns, "old")
+    status = envelope["status"]
+    entries = {}
+    for name in ("a", "b", "c"):
+        claim = json.loads(cluster.kubectl("get", "bclaim", name, "-n", ns, "-o", "json"))
+        line = dict(claim["status"]["ledger"])
+        line.pop("stamp", None)
+        entries[claim["metadata"]["uid"]] = line
+        old_status = {k: v for k, v in claim["status"].items() if k != "ledger"}
+        cluster.kubectl(
+            "patch", "bclaim", name, "-n", ns, "--subresource=status", "--type=json",
+            "-p", json.dumps([{"op": "replace", "path": "/status", "value": old_status}]),
+        )  # fmt: skip
+    old = {k: v for k, v in status.items() if k not in ("stamp", "claimRecords")}
+    old["entries"] = entries
+    cluster.kubectl(
+        "patch", "renv", "old", "-n", ns, "--subresource=status", "--type=json",
+        "-p", json.dumps([{"op": "replace", "path": "/status", "value": old}]),
+    )  # fmt: skip
+    before = envelope_of(cluster, ns, "old")["status"]
+    assert len(before["entries"]) == 3 and "claimRecords" not in before
+
+    start_operator()  # the new operator takes over
+    eventually(
+        "each claim to carry its line, and the envelope none",
+        lambda: not envelope_of(cluster, ns, "old")["status"].get("entries"),
+        timeout=60,
+    )
+    after = envelope_of(cluster, ns, "old")["status"]
+    assert after["totals"] == before["totals"], "the upgrade moved no capacity"
+    assert after["claimRecords"]["count"] == 3
+    lines = records(sdk, "old")
+    assert {n: line.phase for n, line in lines.items()} == dict.fromkeys(
+        "abc", ClaimPhase.TENTATIVE
+    )
+    # And the ledger goes on from there: a claim settles once, exactly.
+    sdk.finish(sdk.dispatch(sdk.get("a")), {"tokens": "1"})
+    eventually("a to settle", lambda: sdk.get("a").phase == "Consumed")
+    eventually(
+        "its R − C back, its C committed",
+        lambda: envelope_of(cluster, ns, "old")["status"]["totals"]["committed"]["tokens"] == "1",
+    )
+    totals = envelope_of(cluster, ns, "old")["status"]["totals"]
+    assert totals["reserved"]["tokens"] == "2" and totals["available"]["tokens"] == "97"
