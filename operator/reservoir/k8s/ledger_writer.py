@@ -573,7 +573,8 @@ class LedgerWriter:
                 envelope,
                 "Warning",
                 "ClaimLinesLost",
-                f"claims removed by hand while the operator was away held {lost.reserved}: "
+                "claims removed by hand while the operator was away held "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(lost.reserved.items()))}: "
                 f"kept held as line {result.lost}; settle it by name with the "
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
