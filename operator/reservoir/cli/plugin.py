@@ -33,6 +33,7 @@ from fractions import Fraction
 
 from lightkube import ApiError
 
+from reservoir.core.inflight import newest
 from reservoir.core.ledger import ZERO, render, render_each
 from reservoir.core.model import (
     MAX_DEPTH,
@@ -432,18 +433,23 @@ def child_line(parent: str, entry: ChildEntry | None) -> str:
 
 
 def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> list[str]:
-    """One envelope's header, totals (with each resource's contract) and claims: its ledger
-    entries, and the settled claims whose entries were compacted out of the ledger (their
-    record lives in their status)."""
+    """One envelope's header, totals (with each resource's contract) and claims: each
+    claim's line (its own, or the envelope's copy while a move of it is in flight), the
+    lines in flight of claims gone, and the settled claims that carry only a record."""
     status = view.status
     totals = totals_table(status.totals, view.contracts, view.peak, view.window_seconds)
     lines = [envelope_header(view), totals, *window_lines(view.windows, view.window_seconds), ""]
-    listed = [claim_row(e.claim, e.branch, e) for e in status.entries.values()]
-    listed += [
-        claim_row(c.name, c.spec.branch, c.status)
-        for c in claims
-        if c.uid not in status.entries and c.status.settlement is not None
+    listed = [
+        claim_row(e.claim, e.branch, e)
+        for uid, e in status.entries.items()
+        if uid not in {c.uid for c in claims}
     ]
+    for c in claims:
+        line = newest(status.entries.get(c.uid), c.status.ledger)
+        if line is not None:
+            listed.append(claim_row(c.name, c.spec.branch, line))
+        elif c.status.settlement is not None:
+            listed.append(claim_row(c.name, c.spec.branch, c.status))
     rows = [["CLAIM", "BRANCH", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
     if any(row[-1] != "-" for row in listed):
         rows[0].append("OCCUPANCY")  # Reusable resources: R × seconds held
@@ -452,15 +458,17 @@ def envelope_ledger(view: EnvelopeView, claims: Sequence[ClaimView] = ()) -> lis
     rows += sorted(listed, key=lambda row: (row[1], row[0]))
     lines.append(table(rows) if len(rows) > 1 else "(no claims in the ledger)")
     compensated: list[tuple[str, LedgerEntry | BranchClaimStatus]] = [
-        (e.claim, e) for e in status.entries.values() if e.compensations
+        (e.claim, e)
+        for uid, e in status.entries.items()
+        if e.compensations and uid not in {c.uid for c in claims}
     ]
-    compensated += [
-        (c.name, c.status)
-        for c in claims
-        if c.uid not in status.entries
-        and c.status.settlement is not None
-        and c.status.compensations
-    ]
+    for c in claims:
+        record: LedgerEntry | BranchClaimStatus | None = newest(
+            status.entries.get(c.uid), c.status.ledger
+        )
+        record = record or (c.status if c.status.settlement is not None else None)
+        if record is not None and record.compensations:
+            compensated.append((c.name, record))
     if compensated:
         lines.append("\ncompensations:")
         lines += [

@@ -50,6 +50,14 @@ class EnvelopeBehindError(Exception):
     """A claim shows a move newer than the envelope as read: read the envelope again."""
 
 
+def newest(in_flight: LedgerEntry | None, held: LedgerEntry | None) -> LedgerEntry | None:
+    """A claim's current line: the envelope's copy in flight while the claim shows an older
+    stamp, else the claim's own."""
+    if in_flight is not None and (held is None or held.stamp < in_flight.stamp):
+        return in_flight
+    return held
+
+
 def counts(line: LedgerEntry) -> bool:
     """Whether a line still counts toward the envelope's totals or admissions: it holds
     capacity, its devices are still allocated, or it keeps capacity for a retry."""

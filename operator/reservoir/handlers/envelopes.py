@@ -91,7 +91,7 @@ async def settle_children_before_removal(
         raise kopf.TemporaryError(f"the ledger cannot move: {error}", delay=30) from None
     if result is None:
         return
-    live = [f"claim {e.claim}" for e in result.status.entries.values() if not e.phase.terminal]
+    live = [f"claim {e.claim}" for e in result.lines.values() if not e.phase.terminal]
     live += [
         f"envelope {c.envelope}"
         for c in result.status.children.values()

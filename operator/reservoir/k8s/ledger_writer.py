@@ -33,7 +33,7 @@ from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.claimstatus import claim_status, set_aside
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_occupancy, has_device_resources
-from reservoir.core.inflight import ClaimViewBehindError, EnvelopeBehindError, counts
+from reservoir.core.inflight import ClaimViewBehindError, EnvelopeBehindError, counts, newest
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent
 from reservoir.core.model import (
@@ -713,7 +713,7 @@ class LedgerWriter:
         """A status lookup for a claim that needs one (Detached, cancel asked, submitted
         but unconfirmed): an object is read whenever asked (one GET), an HTTP provider only
         when its backoff says so. A cancel asked after the commit point is forwarded once."""
-        entry = status.entries.get(fact.uid) or fact.settled_record
+        entry = newest(status.entries.get(fact.uid), fact.line) or fact.settled_record
         if entry is None:
             return fact
         how = cancel_to_forward(entry, fact.spec, policy)
@@ -744,7 +744,8 @@ class LedgerWriter:
         The older one is the one admitted first, else the one created first (then by name):
         every envelope's writer picks the same."""
         request = fact.spec.upstream.request_id
-        if request is None or fact.uid in status.entries or fact.settled_record is not None:
+        admitted = fact.uid in status.entries or fact.line is not None
+        if request is None or admitted or fact.settled_record is not None:
             return fact
         rivals = []
         for body in await claims_with_request_id(self.client, namespace, request):
@@ -813,8 +814,10 @@ class LedgerWriter:
         self, namespace: str, claims: list[dict[str, Any]], result: Reconciliation
     ) -> None:
         """A claim being deleted goes once the ledger records its settlement: at once
-        before the commit point, after the final report (or deadline) after it. Its
-        finalizer is removed with a JSON patch that tests it is still where it was read."""
+        before the commit point, after the final report (or deadline) after it; and once
+        its own status holds its last line (none in flight) and that line no longer counts
+        (its devices are free): no line goes with the object. Its finalizer is removed
+        with a JSON patch that tests it is still where it was read."""
         forget_older(self._released, time.monotonic() - RELEASED_KEEP_SECONDS)
         settled = []
         for claim in claims:
@@ -826,6 +829,8 @@ class LedgerWriter:
             if entry is not None and not entry.phase.terminal:
                 self._await_settlement(namespace, claim, entry)
                 continue
+            if entry is not None and (counts(entry) or meta["uid"] in result.status.entries):
+                continue  # settled; its devices, or its status write, still to come
             self._awaiting.discard(meta["uid"])
             if meta["uid"] not in self._released:
                 settled.append(claim)
@@ -1124,13 +1129,11 @@ def snapshot(
         workflow_class=workflow_class(envelope),
         totals=result.status.totals,
         counts=result.status.counts,
-        stranded=stranded(
-            result.status.entries.values(), facts.spec.capacity, facts.accepting(result.now)
-        ),
+        stranded=stranded(result.lines.values(), facts.spec.capacity, facts.accepting(result.now)),
         ambiguity_deadline_seconds=facts.spec.policy.ambiguity_deadline_seconds,
         oldest_finalizer=min(waiting.values(), default=None),
         devices=(
-            device_occupancy(result.status.entries.values())
+            device_occupancy(result.lines.values())
             if has_device_resources(facts.spec.capacity)
             else {}
         ),
