@@ -313,9 +313,11 @@ def reconcile(
     policy = envelope.spec.policy
     renewals_open = envelope.accepting(now)
     # Each claim's facts carry what its ResourceClaim shows, set once here.
+    # A claim seen deleted is gone, whatever a lagging view of the claims still shows.
     facts_by_uid = {
         c.uid: replace(_effective(c, envelope), devices=result.devices_seen.get(c.uid))
         for c in claims
+        if c.uid not in (departed or {})
     }
     # A claim joins its envelope by name, but is bound to the one that decided on it: bound
     # to an earlier envelope of this name (deleted since), it never moves this one's
