@@ -101,7 +101,6 @@ class Tracker:
         self.seen: dict[str, Seen] = {}
         self.uid_by_name: dict[str, str] = {}
         self._waiters: dict[str, list[tuple[frozenset[str], asyncio.Future[float]]]] = {}
-        self._in_ledger: dict[str, set[str]] = {}  # envelope → claim UIDs in its ledger
         self.envelope_bytes: dict[str, int] = {}  # peak serialized size seen, per envelope
         self.events: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
@@ -147,9 +146,13 @@ class Tracker:
     def _claim(self, body: dict[str, Any]) -> None:
         uid = body["metadata"]["uid"]
         self.uid_by_name[body["metadata"]["name"]] = uid
-        phase = (body.get("status") or {}).get("phase")
+        status = body.get("status") or {}
+        phase = status.get("phase")
         if phase:
             self._note(uid, phase, "status")
+        line = status.get("ledger") or {}
+        if line.get("phase"):  # the claim's own ledger line (issue 23)
+            self._note(uid, line["phase"], "ledger")
 
     def _envelope(self, body: dict[str, Any]) -> None:
         name = body["metadata"]["name"]
@@ -157,13 +160,10 @@ class Tracker:
         entries = status.get("entries") or {}
         size = len(json.dumps(body, separators=(",", ":")))
         self.envelope_bytes[name] = max(size, self.envelope_bytes.get(name, 0))
-        before = self._in_ledger.get(name, set())
+        # The lines in flight: each capacity move is recorded here first (issue 23); a line
+        # leaves once its claim shows it, which says nothing of the claim's phase.
         for uid, entry in entries.items():
             self._note(uid, entry.get("phase", ""), "ledger")
-        # An entry leaves the ledger only once settled (compaction), or with its claim.
-        for uid in before - entries.keys():
-            self._note(uid, "Gone", "ledger")
-        self._in_ledger[name] = set(entries)
 
     def _note(self, uid: str, phase: str, source: str) -> None:
         seen = self.seen.setdefault(uid, Seen())

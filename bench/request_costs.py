@@ -1,6 +1,6 @@
-"""The API server's CPU per request, one kind of request at a time, on an envelope whose
-ledger holds `claims` entries: what a fresh read (a GET from etcd, or a consistent LIST
-by name from the watch cache), an envelope status write and a claim status write cost.
+"""The API server's CPU per request, one kind of request at a time, on an envelope with
+`claims` live claims (each holding its own ledger line since issue 23): what a fresh read
+(a GET from etcd, or a consistent LIST by name from the watch cache), an envelope status write and a claim status write cost.
 The figures behind `get_object` (reads by LIST) and `recorded_map` (no CEL rules on
 statuses); the `requests` scenario of bench/run.py runs it."""
 
@@ -79,13 +79,11 @@ async def fill_ledger(client: AsyncClient, namespace: str, claims: int) -> dict[
 
 
 def requests(client: AsyncClient, namespace: str, envelope: dict[str, Any]) -> dict[str, Request]:
-    entries = envelope["status"]["entries"]
-    uid = next(iter(entries))
     current = {"envelope": envelope}
 
     async def envelope_status_write(count: int) -> None:
         body = current["envelope"]
-        body["status"]["entries"][uid]["renewals"] = count + 1  # a real change each time
+        body["status"]["stamp"] = int(body["status"].get("stamp") or 0) + 1  # a real change
         written = await client.replace(
             ReservationEnvelope.Status(
                 metadata=ObjectMeta(
@@ -138,7 +136,8 @@ async def measure(
     `count` requests made one after another."""
     envelope = await fill_ledger(client, namespace, claims)
     figures: dict[str, Any] = {
-        "ledger_entries": len(envelope["status"]["entries"]),
+        "ledger_entries": int((envelope["status"].get("claimRecords") or {}).get("count", 0))
+        + len(envelope["status"].get("entries") or {}),
         "envelope_bytes": len(json.dumps(envelope)),
         "per_request_ms": {},
     }
