@@ -1,8 +1,9 @@
 """The API server's CPU per request, one kind of request at a time, on an envelope with
 `claims` live claims (each holding its own ledger line since issue 23): what a fresh read
-(a GET from etcd, or a consistent LIST by name from the watch cache), an envelope status write and a claim status write cost.
-The figures behind `get_object` (reads by LIST) and `recorded_map` (no CEL rules on
-statuses); the `requests` scenario of bench/run.py runs it."""
+(a GET from etcd, or a consistent LIST by name from the watch cache), an envelope status
+write and a claim status write cost. The figures behind `get_object` (reads by LIST) and
+`recorded_map` (no CEL rules on statuses); the `requests` scenario of bench/run.py runs
+it."""
 
 from __future__ import annotations
 
