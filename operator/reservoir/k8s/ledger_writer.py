@@ -1,11 +1,21 @@
-"""The one serialized writer per envelope: read, reconcile, compare-and-swap, mirror.
+"""The one serialized writer per envelope. A pass (`LedgerWriter._attempt`) is its steps:
 
-Each call reads the envelope (with its resourceVersion), then lists its claims and their
-Leases straight from the API server, asks the pure core for the next ledger, and writes
-the envelope status with a PUT carrying the resourceVersion it read. A 409 means someone
-else wrote first (another replica, or this one on a stale read): re-read, recompute,
-retry with jitter. Only after the ledger is durable are the claims' statuses mirrored and
-Events posted. Many claim events between two calls are settled by one write (group commit).
+1. `_read`: the envelope, fresh (its resourceVersion fences the write), the budget tree
+   around it, its claims and their Leases (listed, or from the watch-fed index), their pods
+   and the envelope's devices;
+2. `_decide_on`: the pure core's next ledger (reservoir.core.reconcile); claims that do not
+   add up to the envelope's record are listed afresh, and a decision that rests on a fact
+   being absent is taken again on the claims read fresh;
+3. `_write`: the envelope's status with a PUT conditional on the version read, when the
+   totals or the lines in flight changed (reservoir.core.inflight); a 409 means someone
+   else wrote first (another replica, or this one on a stale read): re-read, recompute,
+   retry with jitter;
+4. `_announce_durable`: Events, gauges and lost lines, for what is now recorded;
+5. `_mirror_and_announce`: each claim's status gets its line, then the Events that waited;
+6. `_hold_devices`: ResourceClaims and placeholder pods follow the ledger, gates lift;
+7. `_release_settled` and `_delete_expired`: finalizers of settled claims, expired claims.
+
+Many claim events between two passes are settled by one pass (group commit).
 """
 
 from __future__ import annotations
@@ -258,6 +268,37 @@ def unhealthy(
     )
 
 
+@dataclass
+class PassRead:
+    """What one pass read, in the order it read it (LedgerWriter._read)."""
+
+    namespace: str
+    name: str
+    envelope: dict[str, Any]  # as read: its resourceVersion fences the write
+    envelope_facts: EnvelopeFacts
+    status: ReservationEnvelopeStatus
+    parent: ParentView | None
+    tree_bodies: dict[str, dict[str, Any]]  # its children and siblings, to poke
+    child_bodies: dict[str, dict[str, Any]]  # child-line Events go on the child envelope
+    claims: list[dict[str, Any]]
+    leases: dict[str, dict[str, Any]]
+    confirmed: set[str]  # claims read fresh in this pass (or confirmed gone)
+    pods: dict[str, list[Mapping[str, Any]]]
+    resource_claims: dict[str, dict[str, Any]]
+    placeholders: dict[str, dict[str, Any]]
+    devices: Mapping[str, DeviceFacts]
+    now: datetime
+    facts: PassFacts
+    departed: dict[str, LedgerEntry]  # last lines of claims seen deleted
+    fresh: bool  # the claims were listed from the API server in this pass
+
+    @property
+    def by_uid(self) -> dict[str, dict[str, Any]]:
+        found = {c["metadata"]["uid"]: c for c in self.claims}
+        found.update(self.child_bodies)
+        return found
+
+
 class LedgerStuckError(RuntimeError):
     """The envelope's ledger cannot move (unreadable, an invariant would break, or the API
     server refuses the write). Reported on the envelope; retried later, never a crash."""
@@ -388,9 +429,29 @@ class LedgerWriter:
                 metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
 
     async def _attempt(self, namespace: str, name: str) -> Reconciliation | Conflict | None:
-        # The envelope first, read fresh (the compare-and-swap below is conditional on this
-        # version), then its claims (from the source: a LIST, or the watch-fed index with
-        # every doubtful claim read again after the envelope).
+        """One pass, as its steps: read, decide, write, announce, mirror, devices, release."""
+        fetched = await self._read(namespace, name)
+        if fetched is None:
+            return None
+        result = await self._decide_on(fetched)
+        if isinstance(result, Conflict):
+            return result
+        conflict = await self._write(fetched, result)
+        if conflict is not None:
+            return conflict
+        # The ledger is durable (and so healthy again): now tell the world.
+        held_back = self._announce_durable(fetched, result)
+        await self._mirror_and_announce(fetched, result, held_back)
+        await self._hold_devices(fetched, result)
+        await self._release_settled(namespace, fetched.claims, result)
+        await self._delete_expired(namespace, result.expired_claims)
+        return result
+
+    async def _read(self, namespace: str, name: str) -> PassRead | None:
+        """Read: the envelope first, fresh (the compare-and-swap is conditional on this
+        version), then the budget tree around it, its claims (from the source: a LIST, or
+        the watch-fed index with every doubtful claim read again after the envelope), their
+        Leases and pods, and its devices. None: the envelope is gone."""
         envelope = await get_object(self.client, ReservationEnvelope, name, namespace)
         if envelope is None:
             metrics.envelopes.forget(namespace, name)
@@ -450,123 +511,147 @@ class LedgerWriter:
         placeholders: dict[str, dict[str, Any]] = {}
         if has_devices:
             resource_claims, placeholders = await self.devices.observe(namespace, name)
-        devices = self.devices.facts(resource_claims, placeholders)
-        now = self.clock()
         parsed = self._parsed.get((namespace, name), {})
-        read_facts = PassFacts(self, namespace, status, envelope_facts.spec.policy, parsed)
-        await read_facts.update(claims, leases, pods)
-        departed = self.departed(namespace, name, uid)
+        facts = PassFacts(self, namespace, status, envelope_facts.spec.policy, parsed)
+        await facts.update(claims, leases, pods)
+        return PassRead(
+            namespace=namespace,
+            name=name,
+            envelope=envelope,
+            envelope_facts=envelope_facts,
+            status=status,
+            parent=parent,
+            tree_bodies={**child_bodies, **sibling_bodies},
+            child_bodies=child_bodies,
+            claims=claims,
+            leases=leases,
+            confirmed=confirmed,
+            pods=pods,
+            resource_claims=resource_claims,
+            placeholders=placeholders,
+            devices=self.devices.facts(resource_claims, placeholders),
+            now=self.clock(),
+            facts=facts,
+            departed=self.departed(namespace, name, uid),
+            fresh=self.source.fresh,
+        )
 
-        async def decide(fresh: bool) -> Reconciliation:
-            return await self._decide(
-                envelope, envelope_facts, status, read_facts.facts, now, devices, departed, fresh
-            )
-
-        fresh = self.source.fresh
+    async def _decide_on(self, fetched: PassRead) -> Reconciliation | Conflict:
+        """Decide: the core's next ledger on what was read. Claims that do not add up to
+        the envelope's record are listed afresh; a decision that rests on a fact being
+        absent is taken again on the claims read fresh when the index's copies were not
+        the latest (a stale copy can only lack a fact, never add one). Each round reads
+        claims not read yet, so the rounds end (at worst when every claim was read)."""
         try:
-            result = await decide(fresh)
+            result = await self._decide(fetched)
         except EnvelopeBehindError:
             return Conflict()  # another writer moved it since we read it
         except ClaimViewBehindError:
             # The watch has not shown every line the envelope counts yet: list them. What
             # the list lacks then is lost, not late (reservoir.core.inflight).
             listed = ListedClaims(self.client)
-            claims = await listed.claims(namespace, name)
-            leases = await listed.leases(namespace, name)
-            confirmed |= {c["metadata"]["uid"] for c in claims}
-            await read_facts.update(claims, leases, pods)
-            fresh = True
+            fetched.claims = await listed.claims(fetched.namespace, fetched.name)
+            fetched.leases = await listed.leases(fetched.namespace, fetched.name)
+            fetched.confirmed |= {c["metadata"]["uid"] for c in fetched.claims}
+            await fetched.facts.update(fetched.claims, fetched.leases, fetched.pods)
+            fetched.fresh = True
             try:
-                result = await decide(fresh)
+                result = await self._decide(fetched)
             except EnvelopeBehindError:
                 return Conflict()
-        # A decision that rests on a fact being absent is taken again on the claims read
-        # fresh when the index's copies were not the latest: a stale copy can only lack a
-        # fact (a dispatch, a renewal, a settlement its status records), never add one.
-        # Each round reads claims not read yet, so the rounds end (at worst when every
-        # claim has been read fresh).
         while not self.source.fresh:
             moving = {
                 uid: entry.claim
                 for uid, entry in result.lines.items()
-                if uid not in confirmed and decided_on_absence(result.before.get(uid), entry)
+                if uid not in fetched.confirmed
+                and decided_on_absence(result.before.get(uid), entry)
             }
             if not moving:
                 break
             lapsing = {uid for uid in moving if result.lines[uid].phase in LEASE_PHASES}
-            seen = versions(claims, leases)
-            claims, leases = await self._confirm(namespace, moving, claims, leases, lapsing)
-            confirmed |= set(moving)
-            if versions(claims, leases) == seen:
+            seen = versions(fetched.claims, fetched.leases)
+            fetched.claims, fetched.leases = await self._confirm(
+                fetched.namespace, moving, fetched.claims, fetched.leases, lapsing
+            )
+            fetched.confirmed |= set(moving)
+            if versions(fetched.claims, fetched.leases) == seen:
                 break
-            await read_facts.update(claims, leases, pods)
+            await fetched.facts.update(fetched.claims, fetched.leases, fetched.pods)
             try:
-                result = await decide(fresh)
+                result = await self._decide(fetched)
             except (ClaimViewBehindError, EnvelopeBehindError):
                 return Conflict()  # a claim moved past the envelope read: read both again
-        invalid = read_facts.invalid
-        self._parsed[(namespace, name)] = read_facts.used
-        if result.status != status:
-            version = envelope["metadata"]["resourceVersion"]
-            body = ReservationEnvelope.Status(
-                metadata=ObjectMeta(name=name, namespace=namespace, resourceVersion=version),
-                status=result.status.to_api(),
-            )
-            try:
-                # lightkube types generic status bodies as resources; the call is right
-                await self.client.replace(body, name, namespace=namespace)  # type: ignore[call-overload]
-            except ApiError as error:
-                if error.status.code == 409:
-                    metrics.ledger_writes.labels(namespace, "conflict").inc()
-                    return Conflict()
-                # Anything else (422, 413, a 500 for an object etcd will not store) would
-                # come back the same on every retry: say so on the envelope, retry later.
-                metrics.ledger_writes.labels(namespace, "refused").inc()
-                await self._refused(
-                    envelope, "WriteRefused", f"{error.status.code}: {error.status.message}"
-                )
-            metrics.ledger_writes.labels(namespace, "written").inc()
-            # Its parent and children read this ledger: they have news.
-            self._poke_tree(namespace, parent, {**child_bodies, **sibling_bodies}, result)
-            metrics.observe_written(
-                namespace,
-                workflow_class(envelope),
-                result.before,
-                result.lines,
-                {
-                    c["metadata"]["uid"]: read.parse_time(c["metadata"]["creationTimestamp"])
-                    for c in claims
-                },
-                result.status.contracts,
-            )
-        else:
+        self._parsed[(fetched.namespace, fetched.name)] = fetched.facts.used
+        return result
+
+    async def _write(self, fetched: PassRead, result: Reconciliation) -> Conflict | None:
+        """Write: the envelope's status with one PUT conditional on the version read, when
+        the pass changed it (a move of the totals, lines in flight retired). Otherwise
+        claim-only moves follow only if the envelope read is still the newest."""
+        namespace, name, envelope = fetched.namespace, fetched.name, fetched.envelope
+        if result.status == fetched.status:
             metrics.ledger_writes.labels(namespace, "unchanged").inc()
             # Nothing to write, so the ledger we read may be older than a status another
             # replica mirrored after we read it: mirror only if it is still the newest.
             if not await self._still_current(namespace, name, envelope):
                 return Conflict()
-
-        # The ledger is durable (and so healthy again): now tell the world.
-        self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
-        by_uid = {c["metadata"]["uid"]: c for c in claims}
-        by_uid.update(child_bodies)  # child-line Events go on the child envelope
-        # A verdict kept off the ledger is durable only once its claim's status holds it:
-        # its Events wait for that mirror, so no Event announces a decision that may be
-        # taken again differently.
-        held_back = set(result.off_ledger)
-        klass = workflow_class(envelope)
-        self._announce(
+            return None
+        version = envelope["metadata"]["resourceVersion"]
+        body = ReservationEnvelope.Status(
+            metadata=ObjectMeta(name=name, namespace=namespace, resourceVersion=version),
+            status=result.status.to_api(),
+        )
+        try:
+            # lightkube types generic status bodies as resources; the call is right
+            await self.client.replace(body, name, namespace=namespace)  # type: ignore[call-overload]
+        except ApiError as error:
+            if error.status.code == 409:
+                metrics.ledger_writes.labels(namespace, "conflict").inc()
+                return Conflict()
+            # Anything else (422, 413, a 500 for an object etcd will not store) would
+            # come back the same on every retry: say so on the envelope, retry later.
+            metrics.ledger_writes.labels(namespace, "refused").inc()
+            await self._refused(
+                envelope, "WriteRefused", f"{error.status.code}: {error.status.message}"
+            )
+        metrics.ledger_writes.labels(namespace, "written").inc()
+        # Its parent and children read this ledger: they have news.
+        self._poke_tree(namespace, fetched.parent, fetched.tree_bodies, result)
+        metrics.observe_written(
             namespace,
-            klass,
-            by_uid,
+            workflow_class(envelope),
+            result.before,
+            result.lines,
+            {
+                c["metadata"]["uid"]: read.parse_time(c["metadata"]["creationTimestamp"])
+                for c in fetched.claims
+            },
+            result.status.contracts,
+        )
+        return None
+
+    def _announce_durable(self, fetched: PassRead, result: Reconciliation) -> set[str]:
+        """Announce: Events for the decisions the envelope now records, the invalid claims,
+        the gauges, and lines lost. Returns the claims whose Events wait for their own
+        status write: a verdict kept off the ledger is durable only once its claim's status
+        holds it, so no Event announces a decision that may be taken again differently."""
+        envelope = fetched.envelope
+        uid = envelope["metadata"]["uid"]
+        self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
+        held_back = set(result.off_ledger)
+        self._announce(
+            fetched.namespace,
+            workflow_class(envelope),
+            fetched.by_uid,
             [e for e in result.events if e.uid not in held_back],
             envelope,
         )
-        self._announce_invalid(invalid)
+        self._announce_invalid(fetched.facts.invalid)
         metrics.envelopes.record(
-            namespace, name, snapshot(envelope, envelope_facts, claims, result)
+            fetched.namespace,
+            fetched.name,
+            snapshot(envelope, fetched.envelope_facts, fetched.claims, result),
         )
-        problems = {fact.uid: fact.problem for _, fact in invalid if fact.problem}
         if result.lost is not None:
             lost = result.lines[result.lost]
             self.record(
@@ -579,69 +664,85 @@ class LedgerWriter:
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
         # Recorded: the lines of claims seen deleted are in flight now, or settled.
-        self._departed.get((namespace, name), {}).clear()
-        mirrored, rewritten = await self._mirror(namespace, name, claims, result, now, problems)
+        self._departed.get((fetched.namespace, fetched.name), {}).clear()
+        return held_back
+
+    async def _mirror_and_announce(
+        self, fetched: PassRead, result: Reconciliation, held_back: set[str]
+    ) -> None:
+        """Mirror: each claim's status gets its line (and its queue position or verdict),
+        then the Events that waited for it. Lines in flight its claims now show are
+        retired by a pass soon (the status writes themselves wake no pass)."""
+        problems = {fact.uid: fact.problem for _, fact in fetched.facts.invalid if fact.problem}
+        mirrored, rewritten = await self._mirror(
+            fetched.namespace, fetched.name, fetched.claims, result, fetched.now, problems
+        )
         if rewritten & set(result.status.entries):
-            # Claims now show lines in flight: a pass soon retires them from the envelope
-            # (the status writes themselves wake no pass; one pass retires many at once).
-            retire = now + RETIRE_WITHIN
+            retire = fetched.now + RETIRE_WITHIN  # one pass retires many at once
             result.wake_at = min(result.wake_at or retire, retire)
         durable = held_back & mirrored
         self._announce(
-            namespace, klass, by_uid, [e for e in result.events if e.uid in durable], envelope
+            fetched.namespace,
+            workflow_class(fetched.envelope),
+            fetched.by_uid,
+            [e for e in result.events if e.uid in durable],
+            fetched.envelope,
         )
-        if resource_claims or placeholders or result.device_holds:
-            known = dict(self.devices.problems)
-            lifted = await self.devices.sync(
-                by_uid,
-                result.device_holds,
-                resource_claims,
-                placeholders,
-                {
-                    uid: [
-                        p
-                        for p in pods.get(by_uid[uid]["metadata"]["name"], [])
-                        if p["metadata"].get("uid") == pod_uid
-                    ]
-                    for uid, pod_uid in result.handed_off.items()
-                    if uid in by_uid
-                },
-            )
-            if not lifted:
-                # A recorded hand-off's gate is still there: try again soon, not only on the
-                # next claim event (issue 21 §3.5: the next pass was often the lease lapse).
-                retry = now + GATE_RETRY
-                result.wake_at = min(result.wake_at or retry, retry)
-            if self.devices.problems != known:
-                # A hold refused (placement not allowed, a create refused) is the claim's
-                # queue reason: the next pass writes it (nothing else may wake one).
-                result.wake_at = now
-        await self._release_settled(namespace, claims, result)
-        await self._delete_expired(namespace, result.expired_claims)
-        return result
 
-    async def _decide(
-        self,
-        envelope: dict[str, Any],
-        facts: EnvelopeFacts,
-        status: ReservationEnvelopeStatus,
-        claims: list[ClaimFacts],
-        now: datetime,
-        devices: Mapping[str, DeviceFacts],
-        departed: Mapping[str, LedgerEntry],
-        fresh: bool = False,
-    ) -> Reconciliation:
+    async def _hold_devices(self, fetched: PassRead, result: Reconciliation) -> None:
+        """Devices: hold what the ledger says claims hold (a ResourceClaim and a placeholder
+        pod each), let go of the rest, and lift a workload pod's gate only once its claim's
+        hand-off is recorded."""
+        if not (fetched.resource_claims or fetched.placeholders or result.device_holds):
+            return
+        by_uid = fetched.by_uid
+        known = dict(self.devices.problems)
+        lifted = await self.devices.sync(
+            by_uid,
+            result.device_holds,
+            fetched.resource_claims,
+            fetched.placeholders,
+            {
+                uid: [
+                    p
+                    for p in fetched.pods.get(by_uid[uid]["metadata"]["name"], [])
+                    if p["metadata"].get("uid") == pod_uid
+                ]
+                for uid, pod_uid in result.handed_off.items()
+                if uid in by_uid
+            },
+        )
+        if not lifted:
+            # A recorded hand-off's gate is still there: try again soon, not only on the
+            # next claim event (issue 21 §3.5: the next pass was often the lease lapse).
+            retry = fetched.now + GATE_RETRY
+            result.wake_at = min(result.wake_at or retry, retry)
+        if self.devices.problems != known:
+            # A hold refused (placement not allowed, a create refused) is the claim's
+            # queue reason: the next pass writes it (nothing else may wake one).
+            result.wake_at = fetched.now
+
+    async def _decide(self, fetched: PassRead) -> Reconciliation:
         """The core's next ledger; a ledger it cannot compute is reported, never guessed."""
-        namespace, name = envelope["metadata"]["namespace"], envelope["metadata"]["name"]
         try:
-            return reconcile(facts, status, claims, now, devices, departed, fresh)
+            return reconcile(
+                fetched.envelope_facts,
+                fetched.status,
+                fetched.facts.facts,
+                fetched.now,
+                fetched.devices,
+                fetched.departed,
+                fetched.fresh,
+            )
         except (ClaimViewBehindError, EnvelopeBehindError):
             raise
         except InvariantViolationError as error:
-            await self._refused(envelope, "InvariantViolation", str(error))
+            await self._refused(fetched.envelope, "InvariantViolation", str(error))
         except Exception as error:  # a bug in the core: report it, never loop on it blindly
-            log.exception("reconciling %s/%s failed", namespace, name)
-            await self._refused(envelope, "ReconcileFailed", f"{type(error).__name__}: {error}")
+            log.exception("reconciling %s/%s failed", fetched.namespace, fetched.name)
+            await self._refused(
+                fetched.envelope, "ReconcileFailed", f"{type(error).__name__}: {error}"
+            )
 
     async def _confirm(
         self,
