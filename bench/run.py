@@ -97,8 +97,8 @@ class Sizes:
     hot_claims: int
     hot_concurrency: int
     scale_claims: int
-    # Live claims per envelope: the ledger's byte budget (core/ledgersize.py) admits about
-    # 145 one-resource claims at once, whatever policy.maxActiveClaims says.
+    # Live claims per envelope (before issue 23 the envelope's byte budget capped it at
+    # about 145 one-resource claims; since, each claim holds its own line).
     scale_per_envelope: int
     scale_concurrency: int
     latency_claims: int  # claims offered at latency_rate (open loop)

@@ -617,18 +617,24 @@ class LedgerWriter:
         metrics.ledger_writes.labels(namespace, "written").inc()
         # Its parent and children read this ledger: they have news.
         self._poke_tree(namespace, fetched.parent, fetched.tree_bodies, result)
+        # The moves this write recorded (the lines in flight); claim-only moves are
+        # observed once their claim's status holds them (_mirror_and_announce).
+        self._observe(fetched, result, set(result.status.entries))
+        return None
+
+    def _observe(self, fetched: PassRead, result: Reconciliation, recorded: set[str]) -> None:
+        """Latencies, renewals, C/R and occupancy of the lines `recorded` just made durable."""
         metrics.observe_written(
-            namespace,
-            workflow_class(envelope),
-            result.before,
-            result.lines,
+            fetched.namespace,
+            workflow_class(fetched.envelope),
+            {u: line for u, line in result.before.items() if u in recorded},
+            {u: line for u, line in result.lines.items() if u in recorded},
             {
                 c["metadata"]["uid"]: read.parse_time(c["metadata"]["creationTimestamp"])
                 for c in fetched.claims
             },
             result.status.contracts,
         )
-        return None
 
     def _announce_durable(self, fetched: PassRead, result: Reconciliation) -> set[str]:
         """Announce: Events for the decisions the envelope now records, the invalid claims,
@@ -677,9 +683,11 @@ class LedgerWriter:
         mirrored, rewritten = await self._mirror(
             fetched.namespace, fetched.name, fetched.claims, result, fetched.now, problems
         )
-        if rewritten & set(result.status.entries):
+        in_flight = set(result.status.entries)
+        if rewritten & in_flight:
             retire = fetched.now + RETIRE_WITHIN  # one pass retires many at once
             result.wake_at = min(result.wake_at or retire, retire)
+        self._observe(fetched, result, rewritten - in_flight)  # claim-only moves, now durable
         durable = held_back & mirrored
         self._announce(
             fetched.namespace,
