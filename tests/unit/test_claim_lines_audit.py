@@ -53,7 +53,7 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
     Settlement,
 )
-from reservoir.core.reconcile import EnvelopeFacts, reconcile
+from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.k8s.ledger_writer import decided_on_absence
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -246,15 +246,15 @@ class ClaimLinesAudit(RuleBasedStateMachine):
             if uid not in seen and uid in store.claims:
                 seen[uid] = store.claims[uid]
         departed = dict(self.departed)
-        try:
-            result = reconcile(
-                self.envelope_facts,
-                status,
-                [c.facts for c in seen.values()],
-                self.now,
-                departed=departed,
-                fresh=fresh,
+
+        def decide(claims: dict[str, Claim], fresh: bool) -> Reconciliation:
+            facts = [c.facts for c in claims.values()]
+            return reconcile(
+                self.envelope_facts, status, facts, self.now, departed=departed, fresh=fresh
             )
+
+        try:
+            result = decide(seen, fresh)
             if not fresh and any(
                 decided_on_absence(result.before.get(u), e) for u, e in result.lines.items()
             ):
@@ -264,14 +264,7 @@ class ClaimLinesAudit(RuleBasedStateMachine):
         except inflight.ClaimViewBehindError:
             seen = dict(store.claims)
             try:
-                result = reconcile(
-                    self.envelope_facts,
-                    status,
-                    [c.facts for c in seen.values()],
-                    self.now,
-                    departed=departed,
-                    fresh=True,
-                )
+                result = decide(seen, True)
             except inflight.EnvelopeBehindError:
                 return
         if kill == "before-write":

@@ -46,7 +46,7 @@ from reservoir.core.budgets import (
     waiting_children,
 )
 from reservoir.core.claimstatus import settled_view
-from reservoir.core.compensation import compensate
+from reservoir.core.compensation import Moved, compensate
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.contracts import (
     Contracts,
@@ -376,6 +376,12 @@ def reconcile(
     last_call = not renewals_open and not _holds_any(ledger)
     charges_waiting: dict[str, Decimal] = {}
 
+    def compensate_line(line: LedgerEntry, facts: ClaimFacts) -> Moved:
+        """The compensations `facts` asks that `line` has not recorded (in place)."""
+        fits = _fits(result)
+        contracts = envelope.spec.contracts
+        return compensate(line, facts, contracts, fits, dimensions, comp_room, now, last_call)
+
     # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
     #    (its finalizer removed by hand) is advanced on what its entry recorded. Lines its
     #    claims hold move at most MOVES_PER_PASS at a time (each move is written in flight).
@@ -416,16 +422,7 @@ def reconcile(
             # Not in the pass that settles it: `room` is the balance from before the
             # settlement returned R − C, and a charge refused for it would be refused for
             # good where an operator that saw the settlement first applies it (review).
-            moved = compensate(
-                entry,
-                facts,
-                envelope.spec.contracts,
-                _fits(result),
-                dimensions,
-                comp_room,
-                now,
-                last_call,
-            )
+            moved = compensate_line(entry, facts)
             committed = moved.committed(committed)
             charges_waiting = add(charges_waiting, moved.waiting)
             result.events += moved.events
@@ -448,16 +445,7 @@ def reconcile(
         adjust = room is None or not late_answer_wanted(record) or _has_room_for(result, record)
         events = _advance(result, record, facts, policy, renewals_open, room, adjust)
         # A compensation that moves capacity comes back into the ledger the same way.
-        moved = compensate(
-            record,
-            facts,
-            envelope.spec.contracts,
-            _fits(result),
-            dimensions,
-            comp_room,
-            now,
-            last_call,
-        )
+        moved = compensate_line(record, facts)
         charges_waiting = add(charges_waiting, moved.waiting)
         if record == facts.settled_record:
             continue  # nothing new: its status already says all of it
