@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from lightkube import AsyncClient, KubeConfig
 
 from reservoir.core.claimstatus import settled_record
+from reservoir.core.inflight import newest
 from reservoir.core.model import LedgerEntry
 from reservoir.sdk import ClaimView, EnvelopeView, LeaseUncertainError, Reservoir, StaleClaimError
 from tests.clusters import ClusterHandle
@@ -149,13 +150,17 @@ def plugin(cluster: ClusterHandle, ns: str, *args: str) -> subprocess.CompletedP
 
 
 def ledger_line(sdk: Reservoir, claim: ClaimView | str) -> LedgerEntry | None:
-    """The claim's ledger line as it is now: the one the claim carries (`status.ledger`),
-    else its entry in its envelope's ledger (`get` reads only the claim); None once
-    compacted away (or not admitted)."""
+    """The claim's ledger line as it is now: the envelope's copy while a move of it is in
+    flight, else the one the claim carries (`status.ledger`); None if not admitted."""
     view = sdk.get(claim)
-    if view.entry is not None:
-        return view.entry
-    return sdk.ledger(view.spec.envelope).status.entries.get(view.uid)
+    entry = sdk.ledger(view.spec.envelope).status.entries.get(view.uid)
+    return newest(entry, view.entry)
+
+
+def in_flight(sdk: Reservoir, claim: ClaimView | str) -> bool:
+    """Whether the claim's envelope holds a move of its line not yet shown by the claim."""
+    view = sdk.get(claim)
+    return view.uid in sdk.ledger(view.spec.envelope).status.entries
 
 
 def records(sdk: Reservoir, envelope: str) -> dict[str, LedgerEntry]:

@@ -119,6 +119,7 @@ class View:
     lines: dict[str, LedgerEntry] = field(default_factory=dict)
     in_flight: dict[str, LedgerEntry] = field(default_factory=dict)  # not yet retired
     held: dict[str, LedgerEntry] = field(default_factory=dict)  # uid -> the claim's line
+    recorded: frozenset[str] = frozenset()  # the envelope's entries as read (any retired)
 
 
 def merge(
@@ -130,7 +131,7 @@ def merge(
     """The view a pass starts from: the envelope's lines in flight (`entries`, its
     `stamp`), `claim_lines` (the lines claims that exist show) and `departed` (the last line
     of claims seen deleted: their objects are gone)."""
-    view = View()
+    view = View(recorded=frozenset(entries))
     newest = max((line.stamp for line in claim_lines.values()), default=0)
     if newest > stamp:
         raise EnvelopeBehindError(f"a claim shows stamp {newest}, the envelope {stamp}")
@@ -156,20 +157,28 @@ def adds_up(view: View, recorded: ClaimRecords | None) -> bool:
 
 
 def _counting_held(view: View) -> dict[str, LedgerEntry]:
-    return {u: line for u, line in view.held.items() if counts(line) and u not in view.in_flight}
+    """The held lines the envelope's last write counted in its digest: not those it had in
+    flight then (a line retired in this pass is counted from this pass's write on)."""
+    return {u: line for u, line in view.held.items() if counts(line) and u not in view.recorded}
 
 
 def lost_amounts(
-    view: View, reserved: Mapping[str, Decimal], reconciling: Mapping[str, Decimal]
+    view: View,
+    reserved: Mapping[str, Decimal],
+    reconciling: Mapping[str, Decimal],
+    children: Mapping[str, Decimal],
 ) -> dict[str, Decimal]:
-    """What the envelope's totals hold that no line in view accounts for: the lines of
-    claims gone without a settlement (their objects deleted with the finalizer removed
-    by hand while the operator was away)."""
+    """What the envelope's totals hold that no line in view accounts for, nor its open
+    child envelopes (`children`: what they hold): the lines of claims gone without a
+    settlement (their objects deleted with the finalizer removed by hand while the
+    operator was away)."""
     lines = list(view.lines.values())
     seen = total(
         [*(still_held(e) for e in lines if e.phase.holds_capacity), *map(devices_in_use, lines)]
     )
-    seen = total([seen, *(e.retry.resources for e in lines if e.retry and e.retry.active)])
+    seen = total(
+        [seen, children, *(e.retry.resources for e in lines if e.retry and e.retry.active)]
+    )
     return positive(subtract(total([reserved, reconciling]), seen))
 
 
@@ -187,15 +196,25 @@ class Placement:
 
 
 def place(
-    view: View, lines: Mapping[str, LedgerEntry], present: Iterable[str], stamp: int
+    view: View,
+    lines: Mapping[str, LedgerEntry],
+    present: Iterable[str],
+    stamp: int,
+    postponed: Iterable[str] = (),
 ) -> Placement:
     """Sort a pass's resulting lines (`lines`: every line still in view) by where they go.
     `present`: the UIDs of claims whose objects exist (a line can only be held by one).
     A changed line goes in flight with `stamp` (the envelope's next stamp) unless its
-    footprint is unchanged and it is not in flight: then it is written to the claim alone."""
+    footprint is unchanged and it is not in flight: then it is written to the claim alone.
+    `postponed`: lines the pass left for the next one (past its caps); the last line of a
+    claim seen deleted stays with the operator until then, counted as held."""
     exists = set(present)
+    later = set(postponed)
     placement = Placement()
     for uid, line in lines.items():
+        if uid in later and uid not in view.in_flight and uid not in exists:
+            placement.held[uid] = line
+            continue
         before = view.in_flight.get(uid)
         if before is not None:
             if line != before:

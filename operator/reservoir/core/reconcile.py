@@ -79,6 +79,7 @@ from reservoir.core.ledger import (
     fits,
     one_line,
     subtract,
+    total,
 )
 from reservoir.core.ledgersize import (
     LEDGER_BYTES_BUDGET,
@@ -254,6 +255,7 @@ class Reconciliation:
     before: dict[str, LedgerEntry] = field(default_factory=dict)
     to_claims: dict[str, LedgerEntry] = field(default_factory=dict)
     lost: str | None = None  # the line this pass made for claims gone without their lines
+    postponed: set[str] = field(default_factory=set)  # held lines left for the next pass
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.lines.get(uid) or self.off_ledger.get(uid)
@@ -386,18 +388,27 @@ def reconcile(
     #    (its finalizer removed by hand) is advanced on what its entry recorded. Lines its
     #    claims hold move at most MOVES_PER_PASS at a time (each move is written in flight).
     moves, last = 0, None  # held lines that moved so far; the last held line advanced
+
+    def count_move(uid: str | None) -> int:
+        """1 if held line `uid` goes in flight in this pass: it moved, or no claim holds it
+        any more (charged to the byte budget); else 0."""
+        if uid is None:
+            return 0
+        moved = footprint(ledger.entries[uid]) != footprint(result.before[uid])
+        if not moved and uid in facts_by_uid:
+            return 0
+        result.room_bytes -= projected_bytes(ledger.entries[uid], dimensions)
+        return 1
+
     for uid, entry in list(ledger.entries.items()):
         facts = facts_by_uid.get(uid)
-        if last is not None:
-            if footprint(ledger.entries[last]) != footprint(result.before[last]):
-                moves += 1
-                result.room_bytes -= projected_bytes(ledger.entries[last], dimensions)
-            last = None
+        moves, last = moves + count_move(last), None
         if uid.startswith(LOST_PREFIX) and uid not in envelope.force_settle_gone:
             continue  # lost lines are settled by a person, by name, and only so
         if uid not in view.in_flight:
             if moves >= MOVES_PER_PASS or projected_bytes(entry, dimensions) > result.room_bytes:
                 _hold_as_is(result, uid, entry)
+                result.postponed.add(uid)
                 look_again = min(look_again or now + NEXT_MOVES, now + NEXT_MOVES)
                 continue
             last = uid
@@ -429,6 +440,7 @@ def reconcile(
         elif entry.settlement is not None and facts.spec.compensations:
             look_again = now  # the next pass applies them, on the balance written now
         _keep_or_release_devices(result, uid, entry, facts, policy)
+    count_move(last)  # the last held line advanced is charged too
 
     # 2. Settled claims whose record moved to their own status: only late facts remain. A
     #    late completion that moves capacity brings the record back into the ledger, so
@@ -588,7 +600,7 @@ def _place(
     time with the stamp of the envelope write that records it)."""
     ledger = result.status
     result.lines = ledger.entries
-    placement = place(view, result.lines, claims, status.stamp + 1)
+    placement = place(view, result.lines, claims, status.stamp + 1, result.postponed)
     if any(line.stamp > status.stamp for line in placement.in_flight.values()):
         ledger.stamp = status.stamp + 1
     ledger.entries = dict(sorted(placement.in_flight.items()))
@@ -601,7 +613,8 @@ def _keep_what_is_lost(view: View, status: ReservationEnvelopeStatus, now: datet
     their objects (a finalizer removed by hand while the operator was away). What the
     totals hold that no line accounts for stays held, as one Detached line named
     LOST_PREFIX + stamp that only a person settles (`force-settle-gone` naming it)."""
-    lost = lost_amounts(view, status.totals.reserved, status.totals.reconciling)
+    children = total(c.reserved for c in status.children.values() if c.phase is ChildPhase.RESERVED)
+    lost = lost_amounts(view, status.totals.reserved, status.totals.reconciling, children)
     if not lost:
         return None
     name = f"{LOST_PREFIX}{status.stamp}"
@@ -853,7 +866,9 @@ def next_deadline(
     deadline, a queue-age limit or the envelope's own lifetime."""
     policy = envelope.spec.policy
     moments: list[datetime] = []
-    for entry in result.status.entries.values():
+    for uid, entry in result.status.entries.items():
+        if uid.startswith(LOST_PREFIX):
+            continue  # only a person settles it: no moment of its own
         if entry.phase.holds_capacity and entry.phase is not ClaimPhase.DETACHED:
             moments += [entry.expires_at] if entry.expires_at else []
         deadline = ambiguity_deadline(entry, policy)

@@ -669,8 +669,11 @@ class LedgerWriter:
                 f"kept held as line {result.lost}; settle it by name with the "
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
-        # Recorded: the lines of claims seen deleted are in flight now, or settled.
-        self._departed.get((fetched.namespace, fetched.name), {}).clear()
+        # Recorded: the lines of claims seen deleted that this pass had are in flight now,
+        # or settled; those it left for the next pass, and deletions seen since, stay.
+        departed = self._departed.get((fetched.namespace, fetched.name), {})
+        for uid in set(fetched.departed) - result.postponed:
+            departed.pop(uid, None)
         return held_back
 
     async def _mirror_and_announce(
