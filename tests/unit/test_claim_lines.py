@@ -171,3 +171,15 @@ def test_the_digest_is_order_free_and_names_each_stamp() -> None:
     assert digest([("a", 1), ("b", 2)]) == digest([("b", 2), ("a", 1)])
     assert digest([("a", 1)]) != digest([("a", 2)])
     assert digest([]) == "0" * 32
+
+
+def test_a_commit_writes_the_claim_and_not_the_envelope_even_though_its_counts_move() -> None:
+    from reservoir.k8s.ledger_writer import ledger_moved
+
+    sim = settle_in(fan_out(2))
+    before = sim.status.model_copy(deep=True)
+    sim.dispatch("c00000").reconcile()
+    assert sim.status.counts != before.counts, "the count by phase moved"
+    assert not ledger_moved(before, sim.status), "but the envelope need not be written"
+    sim.write_lines().cancel("c00001").reconcile()
+    assert ledger_moved(before, sim.status), "a settlement moves the totals"

@@ -589,7 +589,7 @@ class LedgerWriter:
         the pass changed it (a move of the totals, lines in flight retired). Otherwise
         claim-only moves follow only if the envelope read is still the newest."""
         namespace, name, envelope = fetched.namespace, fetched.name, fetched.envelope
-        if result.status == fetched.status:
+        if not ledger_moved(fetched.status, result.status):
             metrics.ledger_writes.labels(namespace, "unchanged").inc()
             # Nothing to write, so the ledger we read may be older than a status another
             # replica mirrored after we read it: mirror only if it is still the newest.
@@ -1199,6 +1199,14 @@ def status_moved(claim: Mapping[str, Any], fresh: Mapping[str, Any] | None) -> b
         or fresh["metadata"]["uid"] != claim["metadata"]["uid"]
         or fresh.get("status") != claim.get("status")
     )
+
+
+def ledger_moved(read: ReservationEnvelopeStatus, wanted: ReservationEnvelopeStatus) -> bool:
+    """Whether the envelope's status must be written: anything moved but the claims' count
+    by phase (a commit moves a claim from Tentative to Committed and nothing the envelope
+    decides on: that is one write to the claim alone; the counts follow with the next
+    write of the envelope)."""
+    return wanted != read.model_copy(update={"counts": wanted.counts})
 
 
 def only_usage_moved(previous: BranchClaimStatus, wanted: BranchClaimStatus) -> bool:
