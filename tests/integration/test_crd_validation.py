@@ -154,7 +154,7 @@ BAD_ENVELOPES = [
     ("unknown state", {"state": "Ajar"}, "Unsupported value"),
     ("unknown deadline action", {"policy": {"atAmbiguityDeadline": "Shrug"}}, "Unsupported"),
     ("zero lease", {"policy": {"defaultLeaseSeconds": 0}}, "greater than or equal to 1"),
-    ("fan-out cap above the ledger's", {"policy": {"maxActiveClaims": 100000}}, "less than"),
+    ("fan-out cap above the policy limit", {"policy": {"maxActiveClaims": 100001}}, "less than"),
     ("token Secret leaving the namespace",
      {"policy": {"provider": {"statusURL": "https://p.example/{operationId}",
                               "tokenSecret": {"name": "../../other/secrets/t", "key": "t"}}}},
