@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from reservoir.core import contracts
+from reservoir.core.inflight import newest
 from reservoir.core.model import (
     Adjustment,
     BranchClaimSpec,
@@ -117,8 +118,7 @@ class ClaimView:
         deleting = bool((envelope.get("metadata") or {}).get("deletionTimestamp"))
         closed = (envelope.get("spec") or {}).get("state") == EnvelopeState.CLOSED.value
         entry = None if raw_entry is None else LedgerEntry.model_validate(raw_entry)
-        if entry is None or (own is not None and own.stamp >= entry.stamp):
-            entry = own  # the claim's own line, unless a newer move of it is in flight
+        entry = newest(entry, own)  # the claim's own line, unless a newer move is in flight
         return dataclasses.replace(
             self,
             entry=entry,
