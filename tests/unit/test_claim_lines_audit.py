@@ -380,10 +380,11 @@ class ClaimLinesAudit(RuleBasedStateMachine):
             entries = self.store.envelope.entries
             self.vanished = {u: a for u, a in self.vanished.items() if u in entries}
         # A vanished claim's line the envelope records again (a lagging view still showed
-        # the claim) is counted from there on, and settles from there.
-        self.vanished = {
-            u: a for u, a in self.vanished.items() if u not in self.store.envelope.entries
-        }
+        # the claim) counts from the envelope while it is in flight there; a retirement on
+        # that lagging view hands it back to no one (unseen again, until a fresh pass finds
+        # it lost); once it settles, it is the settlement's.
+        self._book()
+        self.vanished = {u: a for u, a in self.vanished.items() if u not in self.settled}
         if not totals.capacity:
             return
         held = ZERO

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import random
 import time
@@ -322,6 +323,11 @@ class LedgerWriter:
         self.clock = clock
         self.devices = devices or DeviceHolder(client, None)
         self._locks: dict[tuple[str, str], asyncio.Lock] = {}
+        # Each envelope's last completed pass, numbered in the order passes and requests
+        # for them came (reconcile_once shares a pass with whoever asked before it began).
+        self._pass_numbers = itertools.count()
+        self._last_pass: dict[tuple[str, str], tuple[int, Reconciliation | Exception | None]] = {}
+        self._waiting: dict[tuple[str, str], int] = {}  # callers of reconcile_once
         self._fan_out = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
         # Where claims and Leases are read from: the API server on every pass, unless the
         # operator hands over its watch-fed indexes at start-up (handlers/startup.py).
@@ -413,20 +419,50 @@ class LedgerWriter:
         self.trigger(namespace, envelope).poke()
 
     async def reconcile_once(self, namespace: str, envelope: str) -> Reconciliation | None:
-        """Converge one envelope's ledger. None if the envelope does not exist."""
-        lock = self._locks.setdefault((namespace, envelope), asyncio.Lock())
-        async with lock:
-            started = time.monotonic()
-            try:
-                for attempt in range(MAX_ATTEMPTS):
-                    outcome = await self._attempt(namespace, envelope)
-                    if not isinstance(outcome, Conflict):
-                        return outcome
-                    # Someone wrote first: back off with jitter, then read again.
-                    await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
-                raise RuntimeError(f"{namespace}/{envelope}: {MAX_ATTEMPTS} conflicts in a row")
-            finally:
-                metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
+        """Converge one envelope's ledger. None if the envelope does not exist.
+
+        Callers that wait while a pass runs share the next one: a pass that began after a
+        caller asked has read everything that caller knew of (the 2,000 claims of a
+        deleted namespace each asking for their envelope's pass cost one or two passes,
+        not 2,000 in a row, each reading every claim)."""
+        key = (namespace, envelope)
+        asked = next(self._pass_numbers)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        self._waiting[key] = self._waiting.get(key, 0) + 1
+        try:
+            async with lock:
+                shared = self._last_pass.get(key)
+                if shared is not None and shared[0] > asked:
+                    if isinstance(shared[1], Exception):
+                        raise shared[1]  # it failed for them as it would for this caller
+                    return shared[1]
+                number = next(self._pass_numbers)
+                try:
+                    outcome = await self._converge(namespace, envelope)
+                except Exception as error:
+                    self._last_pass[key] = (number, error)
+                    raise
+                self._last_pass[key] = (number, outcome)
+                return outcome
+        finally:
+            self._waiting[key] -= 1
+            if not self._waiting[key]:  # no one left to share it with
+                del self._waiting[key]
+                self._last_pass.pop(key, None)
+
+    async def _converge(self, namespace: str, envelope: str) -> Reconciliation | None:
+        """Passes until one is not a conflict (bounded, with jittered back-off)."""
+        started = time.monotonic()
+        try:
+            for attempt in range(MAX_ATTEMPTS):
+                outcome = await self._attempt(namespace, envelope)
+                if not isinstance(outcome, Conflict):
+                    return outcome
+                # Someone wrote first: back off with jitter, then read again.
+                await asyncio.sleep(random.uniform(0, 0.05 * 2**attempt))
+            raise RuntimeError(f"{namespace}/{envelope}: {MAX_ATTEMPTS} conflicts in a row")
+        finally:
+            metrics.reconcile_seconds.labels(namespace).observe(time.monotonic() - started)
 
     async def _attempt(self, namespace: str, name: str) -> Reconciliation | Conflict | None:
         """One pass, as its steps: read, decide, write, announce, mirror, devices, release."""
