@@ -97,6 +97,21 @@ def test_two_thousand_live_claims_in_one_envelope_keep_it_small(
         ),
     )
 
+    # And the envelope goes with its 1,999 live claims: each settles, each claim goes, then
+    # the envelope (a cluster-wide operator of a later test would otherwise inherit them).
+    cluster.kubectl("delete", "renv", "wide", "-n", ns, "--wait=false")
+    eventually(
+        "every claim settled and gone",
+        lambda: not cluster.kubectl("get", "bclaim", "-n", ns, "-o", "name").strip(),
+        timeout=600,
+        every=5,
+    )
+    eventually(
+        "the envelope gone",
+        lambda: not cluster.kubectl("get", "renv", "-n", ns, "-o", "name").strip(),
+        timeout=120,
+    )
+
 
 def test_an_envelope_in_the_old_shape_is_taken_over_without_moving_capacity(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir

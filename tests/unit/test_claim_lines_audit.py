@@ -32,7 +32,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -479,5 +479,7 @@ def test_the_audit_catches_a_broken_protocol(name: str, value: object) -> None:
         patch.setattr(core, name, value)
         # The broken protocol trips an auditor's assertion, or the model's own refusal of
         # a negative total (pydantic's ValidationError is a ValueError).
+        # Found, not shrunk: shrinking a failing run took minutes and proves nothing more.
+        hunt = settings(_settings(300), phases=[Phase.generate], database=None)
         with pytest.raises((AssertionError, ValueError, ExceptionGroup)):
-            run_state_machine_as_test(ClaimLinesAudit, settings=_settings(300))
+            run_state_machine_as_test(ClaimLinesAudit, settings=hunt)
