@@ -84,6 +84,7 @@ from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import PLACEHOLDER_LABEL, DeviceHolder
 from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.request_ids import claims_with_request_id
+from reservoir.k8s.request_slots import RequestSlots
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
     CLAIM_LABEL,
@@ -99,6 +100,7 @@ LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 # Claim reads and writes in flight at once, for all envelopes: within the HTTP client's
 # pool of kept-alive connections (20), so that none is opened per request under load.
 REQUESTS_IN_FLIGHT = 16
+PASS_REQUESTS = 8  # of which one pass queues at most this many at a time (request_slots.py)
 # A claim's status shows usage reported on the way at most this late: a report followed by
 # the final report (or any other move) within it costs one status write, not two.
 MIRROR_USAGE_WITHIN = timedelta(seconds=2)
@@ -328,7 +330,7 @@ class LedgerWriter:
         self._pass_numbers = itertools.count()
         self._last_pass: dict[tuple[str, str], tuple[int, Reconciliation | Exception | None]] = {}
         self._waiting: dict[tuple[str, str], int] = {}  # callers of reconcile_once
-        self._fan_out = asyncio.Semaphore(REQUESTS_IN_FLIGHT)
+        self._fan_out = RequestSlots(REQUESTS_IN_FLIGHT, PASS_REQUESTS)
         # Where claims and Leases are read from: the API server on every pass, unless the
         # operator hands over its watch-fed indexes at start-up (handlers/startup.py).
         self.source: ClaimSource = ListedClaims(client)
@@ -804,7 +806,7 @@ class LedgerWriter:
         if not wanted:
             return claims, leases
         by_uid = {c["metadata"]["uid"]: c for c in claims}
-        limit = self._fan_out
+        limit = self._fan_out.for_pass()
 
         async def read_fresh(uid: str, name: str) -> tuple[Any, Any]:
             async with limit:
@@ -982,7 +984,7 @@ class LedgerWriter:
             self._awaiting.discard(meta["uid"])
             if meta["uid"] not in self._released:
                 settled.append(claim)
-        limit = self._fan_out
+        limit = self._fan_out.for_pass()
 
         async def release(claim: dict[str, Any]) -> None:
             async with limit:
@@ -1138,7 +1140,7 @@ class LedgerWriter:
             result.wake_at = min(result.wake_at or wake, wake)
         here = {c["metadata"]["uid"] for c in claims}
         self._deferred[(namespace, envelope)] = {u: d for u, d in deferred.items() if u in here}
-        limit = self._fan_out
+        limit = self._fan_out.for_pass()
 
         async def write(claim: dict[str, Any], wanted: BranchClaimStatus) -> None:
             meta = claim["metadata"]
