@@ -100,6 +100,19 @@ def test_a_failed_lookup_is_counted_and_changes_nothing_else() -> None:
     assert settled.provider is not None and settled.provider.failures == 0
 
 
+def test_the_writer_wakes_when_the_next_lookup_is_due() -> None:
+    """A held line's next lookup sets the pass's wake-up (found by the integration suite:
+    with the line on its claim, the pass looked for it among lines not yet placed and
+    slept its 30 s idle wait instead)."""
+    sim = detached(Sim(default_lease_seconds=5))
+    sim.provider("a", answer(S.UNKNOWN, error="HTTP 500")).reconcile().write_lines()
+    sim.reconcile().write_lines()  # the line is the claim's, not in flight
+    assert sim.last is not None and "a" not in sim.status.entries
+    record = sim.entry("a").provider
+    assert record is not None and record.next_lookup_at is not None
+    assert sim.last.wake_at is not None and sim.last.wake_at <= record.next_lookup_at
+
+
 def test_lookups_back_off_with_jitter_up_to_the_policy_bound() -> None:
     sim = Sim(provider_lookup_max_seconds=60)
     policy = sim.envelope.spec.policy

@@ -708,8 +708,9 @@ def _next_lookups(
     request: at once the first time, then every FIRST_LOOKUP_WAIT_SECONDS until it goes)."""
     policy = envelope.spec.policy
     moments: list[datetime] = []
+    lines = result.status.entries  # every line, before `_place` keeps those in flight
     for uid, facts in claims.items():
-        entry = result.entry(uid) or facts.settled_record
+        entry = lines.get(uid) or result.off_ledger.get(uid) or facts.settled_record
         if entry is not None and cancel_to_forward(entry, facts.spec, policy) is not None:
             tried = entry.provider is not None and entry.provider.cancel is not None
             moments.append(
