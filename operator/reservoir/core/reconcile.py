@@ -354,7 +354,9 @@ def reconcile(
         if not fresh:
             raise ClaimViewBehindError(f"the claims of {envelope.name} as seen are behind")
         result.lost = _keep_what_is_lost(view, status, now)
-    ledger.entries = view.lines
+    # Every line in view, the pass's to move: `result.entry` reads them from the start of
+    # the pass (`_place` then keeps in the envelope only those in flight).
+    ledger.entries = result.lines = view.lines
     result.before = {uid: line.model_copy(deep=True) for uid, line in view.lines.items()}
     result.new_lines_room = IN_FLIGHT_LIMIT - len(view.in_flight)
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(view.in_flight.values(), dimensions)
@@ -599,7 +601,6 @@ def _place(
     """The envelope keeps the lines in flight; each claim gets its own line (the first
     time with the stamp of the envelope write that records it)."""
     ledger = result.status
-    result.lines = ledger.entries
     placement = place(view, result.lines, claims, status.stamp + 1, result.postponed)
     if any(line.stamp > status.stamp for line in placement.in_flight.values()):
         ledger.stamp = status.stamp + 1
@@ -708,9 +709,8 @@ def _next_lookups(
     request: at once the first time, then every FIRST_LOOKUP_WAIT_SECONDS until it goes)."""
     policy = envelope.spec.policy
     moments: list[datetime] = []
-    lines = result.status.entries  # every line, before `_place` keeps those in flight
     for uid, facts in claims.items():
-        entry = lines.get(uid) or result.off_ledger.get(uid) or facts.settled_record
+        entry = result.entry(uid) or facts.settled_record
         if entry is not None and cancel_to_forward(entry, facts.spec, policy) is not None:
             tried = entry.provider is not None and entry.provider.cancel is not None
             moments.append(
