@@ -152,6 +152,23 @@ def test_failed_tests_tell_a_moved_claim_from_a_refusal() -> None:
     assert failed_tests(patch, recreated) == ["/metadata/uid"]
 
 
+def test_a_report_on_a_view_older_than_the_commit_is_not_refused_for_it() -> None:
+    """Usage, the final report and a cancel rely on the claim being unsettled, not on its
+    phase: the operator's commit in between must not fail their tests (it did, once per
+    claim in the benchmarks); a settlement must."""
+    for read in (claim({**mirror(), "ledger": LINE}), claim(mirror())):
+        patch = fenced_patch(read, {"usage": {"tokens": "3"}}, UNSETTLED)
+        committed = copy.deepcopy(read)
+        record = committed["status"].get("ledger", committed["status"])
+        record["phase"] = "Committed"
+        committed["status"]["phase"] = "Committed"
+        assert failed_tests(patch, committed) == []
+        settled = copy.deepcopy(committed)
+        record = settled["status"].get("ledger", settled["status"])
+        record.update(phase="Consumed", settlement={"phase": "Consumed"})
+        assert failed_tests(patch, settled) != []
+
+
 def test_null_matches_a_missing_member_not_a_missing_parent() -> None:
     fresh = claim()
     patch = fenced_patch(fresh, {"cancel": True}, UNSETTLED)
