@@ -59,7 +59,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,8 @@ BENCH_NAMESPACE = "kueue-bench"
 WEBHOOK_SECRET = "kueue-webhook-server-cert"
 FLAVOR = "default-flavor"
 RESOURCE = "cpu"
+# CPU seconds used so far, by process name (the caller's control plane, the load).
+CpuSnapshot = Callable[[], dict[str, float]]
 # Kueue's kustomization (config/components/crd/kustomization.yaml) turns these CRDs'
 # conversion to the manager's webhook; its internal cert management waits until it has
 # injected its CA there, so they must carry the stanza. Only v1beta2 is used here, the
@@ -531,6 +533,7 @@ async def measure(
     quota: int,
     concurrency: int,
     stall_seconds: float,
+    cpu: CpuSnapshot | None = None,
 ) -> dict[str, Any]:
     await client.create(
         ResourceFlavor(metadata=ObjectMeta(name=FLAVOR), spec={}), field_manager=FIELD_MANAGER
@@ -554,6 +557,7 @@ async def measure(
     resource_version = listing.resourceVersion
     watcher = asyncio.create_task(load.watch(resource_version))
     log(f"creating {total} Workloads over {queues} ClusterQueues of {quota} {RESOURCE}")
+    cpu_before = manager_cpu(manager, cpu)
     creator = asyncio.create_task(load.create_all())
     progress, last_count, last_change = time.monotonic(), 0, time.monotonic()
     try:
@@ -579,6 +583,7 @@ async def measure(
             await asyncio.gather(*list(load.finishing))
         await asyncio.sleep(2.0)  # let the manager process the last Finished writes
         window_end = time.time()
+        cpu_after = manager_cpu(manager, cpu)
     finally:
         for task in (watcher, creator):
             task.cancel()
@@ -605,9 +610,25 @@ async def measure(
         "resource": RESOURCE,
         "concurrency": concurrency,
     }
+    spent = {k: after - cpu_before[k] for k, after in cpu_after.items() if k in cpu_before}
+    result["cpu_seconds"] = {k: round(v, 2) for k, v in spent.items()}
+    result["cpu_ms_per_workload"] = {k: round(1000 * v / total, 1) for k, v in spent.items()}
     if load.errors:
         result["errors"] = {"count": len(load.errors), "first": load.errors[:5]}
     return result
+
+
+def manager_cpu(manager: Manager, others: CpuSnapshot | None) -> dict[str, float]:
+    """CPU seconds used so far by the manager (user + system, from /proc) and, from
+    `others`, by the rest (the caller's API server, etcd, this process): so that a rate
+    can be told CPU-bound or not."""
+    snapshot = dict(others()) if others is not None else {}
+    if manager.process is not None:
+        with contextlib.suppress(OSError):
+            fields = Path(f"/proc/{manager.process.pid}/stat").read_text().rsplit(")", 1)[1]
+            utime, stime = fields.split()[11:13]
+            snapshot["kueue manager"] = (int(utime) + int(stime)) / os.sysconf("SC_CLK_TCK")
+    return snapshot
 
 
 async def queue_objects(client: AsyncClient) -> list[tuple[Any, str | None, str]]:
@@ -728,6 +749,7 @@ async def run_async(
     qps: float,
     burst: int,
     stall_seconds: float,
+    cpu: CpuSnapshot | None = None,
 ) -> dict[str, Any]:
     binary = await asyncio.to_thread(ensure_built)
     load_kubeconfig = user_kubeconfig(cluster_dir, LOAD_USER)
@@ -773,7 +795,7 @@ async def run_async(
         log(f"starting Kueue's manager ({binary}), log in {manager.log_path}")
         await asyncio.to_thread(manager.start)
         result = await measure(
-            client, manager, queues, per_queue, quota, concurrency, stall_seconds
+            client, manager, queues, per_queue, quota, concurrency, stall_seconds, cpu
         )
         log(f"result (before cleaning up): {json.dumps(result)}")
         return result
@@ -798,12 +820,14 @@ def run(
     qps: float = 50.0,
     burst: int = 100,
     stall_seconds: float = 120.0,
+    cpu: CpuSnapshot | None = None,
 ) -> dict[str, Any]:
     """Run Kueue against the local cluster in `cluster_dir`; see the module's docstring.
 
     qps/burst: the manager's client rate limit, 50/100 as in Kueue's shipped configuration.
     stall_seconds: give up (reporting admitted < workloads) after that long without an
     admission once every Workload is created.
+    cpu: CPU seconds so far of the other processes worth counting, by name.
     """
     if min(queues, per_queue, quota, concurrency) < 1:
         raise ValueError("queues, per_queue, quota and concurrency must all be >= 1")
@@ -817,6 +841,7 @@ def run(
             qps=qps,
             burst=burst,
             stall_seconds=stall_seconds,
+            cpu=cpu,
         )
     )
 

@@ -8,7 +8,9 @@ server nothing and the latencies are not quantized by a poll interval. (`--sdk-w
 `AsyncReservoir.wait` instead, to measure the SDK's own wait.)
 
 `claim_lifecycles` drives claims through hold → Tentative → dispatch → Committed → usage
-report → final report → capacity returned → delete; `raw_lifecycles` makes the same kinds
+report → final report → capacity returned → delete, or (`Options.kueue_shape`) through
+Kueue's performance test's shape: every claim created up front, each cancelled once it holds
+(as each Workload is marked Finished once Admitted); `raw_lifecycles` makes the same kinds
 and numbers of writes on a schemaless CRD with no operator (the baseline).
 """
 
@@ -100,6 +102,7 @@ class Tracker:
         self.namespace = namespace
         self.seen: dict[str, Seen] = {}
         self.uid_by_name: dict[str, str] = {}
+        self.latest: dict[str, dict[str, Any]] = {}  # claim UID -> the claim as last seen
         self._waiters: dict[str, list[tuple[frozenset[str], asyncio.Future[float]]]] = {}
         self.envelope_bytes: dict[str, int] = {}  # peak serialized size seen, per envelope
         self.events: Counter[str] = Counter()
@@ -146,6 +149,7 @@ class Tracker:
     def _claim(self, body: dict[str, Any]) -> None:
         uid = body["metadata"]["uid"]
         self.uid_by_name[body["metadata"]["name"]] = uid
+        self.latest[uid] = body
         status = body.get("status") or {}
         phase = status.get("phase")
         if phase:
@@ -239,6 +243,9 @@ class Options:
     stall: float = 120.0  # give up on the rest when no claim has finished for this long
     sdk_wait: bool = False
     full_life: bool = True  # False: hold and wait for Tentative only (live leased claims)
+    # Kueue's shape (bench/kueue.py): creates bounded by the concurrency, not lives; each
+    # claim cancelled once it holds, which returns its capacity to the next in the queue.
+    kueue_shape: bool = False
 
 
 class Progress:
@@ -284,17 +291,20 @@ async def claim_lifecycles(
         if rate:
             sample.offered = begin + index / rate
             await asyncio.sleep(max(0.0, sample.offered - time.monotonic()))
-        async with slots:
-            try:
-                await _life(sdk, tracker, sample, options)
-            except asyncio.CancelledError:
-                if not stalled:
-                    raise
-                sample.error = f"stalled: no claim finished for {options.stall:.0f}s"
-                return
-            except Exception as error:
-                sample.error = f"{type(error).__name__}: {error}"[:300]
-            progress.tick(sample.error is not None)
+        try:
+            if options.kueue_shape:
+                await _admitted_then_cancelled(sdk, tracker, sample, options, slots)
+            else:
+                async with slots:
+                    await _life(sdk, tracker, sample, options)
+        except asyncio.CancelledError:
+            if not stalled:
+                raise
+            sample.error = f"stalled: no claim finished for {options.stall:.0f}s"
+            return
+        except Exception as error:
+            sample.error = f"{type(error).__name__}: {error}"[:300]
+        progress.tick(sample.error is not None)
 
     tasks = [asyncio.create_task(one(i, sample)) for i, sample in enumerate(samples)]
     running = asyncio.gather(*tasks)
@@ -346,6 +356,32 @@ async def _life(sdk: AsyncReservoir, tracker: Tracker, s: Sample, options: Optio
     if seen is not None:
         s.tentative_status = seen.first_in_status(HOLDING)
     await sdk.client.delete(BranchClaim, s.name, namespace=sdk.namespace)
+    s.done = time.monotonic()
+
+
+async def _admitted_then_cancelled(
+    sdk: AsyncReservoir,
+    tracker: Tracker,
+    s: Sample,
+    options: Options,
+    creates: asyncio.Semaphore,
+) -> None:
+    """Kueue's performance test's life of a Workload, for a claim: created (at most
+    `concurrency` creates in flight, all of them up front), seen holding (Admitted), then
+    cancelled at once on the claim as last seen (marked Finished), which releases it and
+    admits the next in its envelope's queue. Nothing is deleted while measured, as there."""
+    async with creates:
+        s.created = time.monotonic()
+        view = await sdk.hold(s.envelope, s.name, options.requests, name=s.name)
+    uid = view.uid
+    s.tentative = await tracker.reached(uid, HOLDING, options.within)
+    latest = tracker.latest.get(uid)
+    await sdk.cancel(ClaimView.from_api(latest) if latest is not None else view)
+    s.final = time.monotonic()
+    s.returned = await tracker.reached(uid, TERMINAL, options.within)
+    s.settled_as = tracker.settled_phase(uid)
+    if s.settled_as != "Released":
+        raise RuntimeError(f"settled as {s.settled_as}, not Released")
     s.done = time.monotonic()
 
 

@@ -77,7 +77,17 @@ from reservoir import __version__ as reservoir_version  # noqa: E402
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope  # noqa: E402
 from reservoir.sdk import AsyncReservoir  # noqa: E402
 
-SCENARIOS = ("throughput", "baseline", "latency", "hot", "profile", "kueue", "scale", "requests")
+SCENARIOS = (
+    "throughput",
+    "baseline",
+    "latency",
+    "hot",
+    "profile",
+    "admission",
+    "kueue",
+    "scale",
+    "requests",
+)
 OPERATOR_USER = "reservoir-operator"
 LOAD_USER = "bench-load"
 KUEUE_USER = "kueue-manager"
@@ -145,6 +155,7 @@ TARGETS: dict[str, tuple[str, float]] = {
     "claims_per_second": ("lower", 50.0),
     "ratio_to_raw_baseline": ("lower", 0.7),
     "ratio_to_kueue": ("lower", 1.0),
+    "admission_ratio_to_kueue": ("lower", 1.0),
     "create_to_tentative_p99_ms": ("upper", 1000.0),
     "stranded_p99_ms": ("upper", 1000.0),
     "operator_writes_per_claim": ("upper", 5.0),
@@ -590,7 +601,7 @@ async def run_claims(
             sdk, tracker, names, concurrency, options, label, rate=rate
         )
         wall = time.monotonic() - started
-        if options.full_life:
+        if options.full_life and not options.kueue_shape:
             await _wait_deleted(client, namespace, {n for n, _ in names}, 120.0)
         extra = await after(client, tracker) if after is not None else None
         sampler.cancel()
@@ -752,10 +763,16 @@ def claim_names(
     ]
 
 
-def options(bench: Bench, full_life: bool = True) -> load.Options:
+def options(bench: Bench, full_life: bool = True, kueue_shape: bool = False) -> load.Options:
     """Quick runs give up on a stalled operator sooner."""
     stall = 300.0 if bench.full else 90.0
-    return load.Options(sdk_wait=bench.sdk_wait, full_life=full_life, within=stall, stall=stall)
+    return load.Options(
+        sdk_wait=bench.sdk_wait,
+        full_life=full_life,
+        kueue_shape=kueue_shape,
+        within=stall,
+        stall=stall,
+    )
 
 
 # --- scenarios ----------------------------------------------------------------------------
@@ -1241,7 +1258,7 @@ def scenario_kueue(bench: Bench) -> dict[str, Any]:
         }
     try:
         say(f"kueue: manager at {kueue.ensure_built()}")
-        outcome = kueue.run(bench.cluster.dir, **parameters)
+        outcome = kueue.run(bench.cluster.dir, **parameters, cpu=lambda: bench.cpu_snapshot(None))
     except BaseException as error:
         if isinstance(error, KeyboardInterrupt):
             raise
@@ -1266,6 +1283,10 @@ def scenario_kueue(bench: Bench) -> dict[str, Any]:
     figures["api"] = {"kueue": audit.tally(found, per=workloads)}
     figures["kueue_requests_per_workload"] = round(len(found) / workloads, 2)
     figures["kueue_writes_per_workload"] = round(figures["api"]["kueue"]["writes"] / workloads, 2)
+    admission = bench.results.get("admission")
+    if admission and outcome.get("admissions_per_second"):
+        ours = admission["figures"].get("admissions_per_second") or 0.0
+        figures["admission_ratio_to_kueue"] = round(ours / outcome["admissions_per_second"], 3)
     reservoir = bench.results.get("throughput")
     if reservoir and outcome.get("admissions_per_second"):
         ours = reservoir["figures"]["claims_per_second"] or 0.0
@@ -1281,6 +1302,72 @@ def scenario_kueue(bench: Bench) -> dict[str, Any]:
             "requests per unit",
         )
     return {"parameters": parameters, "figures": figures}
+
+
+def scenario_admission(bench: Bench) -> dict[str, Any]:
+    """Admission alone, on Kueue's shape (bench/kueue.py, in the same run): as many
+    envelopes as Kueue gets ClusterQueues, each admitting as many claims at once
+    (maxActiveClaims) as a ClusterQueue's quota admits Workloads, every claim created up
+    front at the same concurrency, and each cancelled once it holds, as each Workload is
+    marked Finished once Admitted. Admissions/s: claims seen Tentative over the time from
+    the first create to the last admission, the figure Kueue's run reports."""
+    sizes = bench.sizes
+    namespace = bench.namespace("admission")
+    operator = Operator(bench, namespace, "admission")
+    operator.start()
+    envelopes = [f"env-{i}" for i in range(sizes.envelopes)]
+    names = claim_names(envelopes, sizes.per_envelope, prefix="a")
+    say(
+        f"admission: {sizes.envelopes} envelopes × {sizes.per_envelope} claims "
+        f"(maxActiveClaims {sizes.quota}), creates in flight {sizes.concurrency}"
+    )
+    try:
+        run = asyncio.run(
+            run_claims(
+                bench, operator, namespace, envelopes, sizes.quota, names, sizes.concurrency,
+                options(bench, kueue_shape=True), "admission",
+            )
+        )  # fmt: skip
+    finally:
+        operator.stop(timeout=180)
+    cost = api_cost(bench, run.audit_span, namespace, len(run.samples))
+    figures = claim_figures(run, cost)
+    admitted = [s for s in run.samples if s.tentative is not None]
+    span = (
+        max(s.tentative for s in admitted if s.tentative) - min(s.created for s in run.samples)
+        if admitted
+        else 0.0
+    )
+    figures["admitted"] = len(admitted)
+    figures["admissions_wall_seconds"] = round(span, 2)
+    figures["admissions_per_second"] = round(len(admitted) / span, 2) if span > 0 else None
+    return {
+        "parameters": {
+            "envelopes": sizes.envelopes,
+            "claims_per_envelope": sizes.per_envelope,
+            "max_active_claims": sizes.quota,
+            "concurrency": sizes.concurrency,
+            "namespace": namespace,
+        },
+        "figures": figures,
+        "_run": run,
+    }
+
+
+def report_admission(bench: Bench, result: dict[str, Any]) -> None:
+    f = result["figures"]
+    s = "admission"
+    bench.row(s, "admissions/s (Kueue's shape)", f["admissions_per_second"], "/s")
+    bench.row(s, "admitted", f["admitted"])
+    bench.row(s, "failed claims", f["failed"])
+    lat = f["latency_ms"]["create_to_tentative"]
+    bench.row(s, "create → Tentative p50", lat.get("p50"), "ms")
+    bench.row(s, "create → Tentative p99", lat.get("p99"), "ms")
+    bench.row(s, "operator API requests / claim", f["operator_requests_per_claim"])
+    bench.row(s, "  of which writes / claim", f["operator_writes_per_claim"])
+    bench.row(s, "SDK conflicts / claim (409, failed test 422)", f["load_conflicts_per_claim"])
+    for process, ms in f["cpu_ms_per_claim"].items():
+        bench.row(s, f"CPU / claim: {process}", ms, "ms")
 
 
 def report_kueue(bench: Bench, result: dict[str, Any]) -> None:
@@ -1301,10 +1388,17 @@ def report_kueue(bench: Bench, result: dict[str, Any]) -> None:
             "kueue", "operator requests/claim ÷ Kueue's/workload",
             round(ours / f["kueue_requests_per_workload"], 2),
         )  # fmt: skip
+    for process, ms in (f.get("cpu_ms_per_workload") or {}).items():
+        bench.row("kueue", f"CPU / workload: {process}", ms, "ms")
+    if "admission_ratio_to_kueue" in f:
+        bench.row(
+            "kueue", "Reservoir admissions/s ÷ Kueue's (same shape)",
+            f["admission_ratio_to_kueue"], "", "admission_ratio_to_kueue",
+        )  # fmt: skip
     if "ratio_reservoir_to_kueue" in f:
         bench.row(
-            "kueue", "Reservoir claims/s ÷ Kueue admissions/s", f["ratio_reservoir_to_kueue"], "",
-            "ratio_to_kueue",
+            "kueue", "Reservoir whole lives/s ÷ Kueue admissions/s", f["ratio_reservoir_to_kueue"],
+            "", "ratio_to_kueue",
         )  # fmt: skip
 
 
@@ -1510,6 +1604,7 @@ RUNNERS: dict[
     "baseline": (scenario_baseline, report_baseline),
     "hot": (scenario_hot, report_hot),
     "profile": (scenario_profile, report_profile),
+    "admission": (scenario_admission, report_admission),
     "kueue": (scenario_kueue, report_kueue),
     "scale": (scenario_scale, report_scale),
     "requests": (scenario_requests, report_requests),
