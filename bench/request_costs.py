@@ -3,7 +3,11 @@
 (a GET from etcd, or a consistent LIST by name from the watch cache), an envelope status
 write and a claim status write cost. The figures behind `get_object` (reads by LIST) and
 `recorded_map` (no CEL rules on statuses); the `requests` scenario of bench/run.py runs
-it."""
+it.
+
+What the claim's schema and CEL rules cost a write: the same JSON patches (the SDK's usage
+report to the spec, the operator's whole status) on claim c-000 and on a copy of it kept as
+a schemaless RawClaim (bench/load.py's baseline kind, installed by bench/run.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +21,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.types import PatchType
 
+from load import RawClaim
 from reservoir.k8s.facts import as_dict
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.resources import (
@@ -79,8 +84,46 @@ async def fill_ledger(client: AsyncClient, namespace: str, claims: int) -> dict[
     return envelope
 
 
-def requests(client: AsyncClient, namespace: str, envelope: dict[str, Any]) -> dict[str, Request]:
+async def raw_copy(client: AsyncClient, namespace: str) -> dict[str, Any]:
+    """Claim c-000 as it stands, and a schemaless RawClaim of the same name, spec and
+    status: the same bytes under no schema and no CEL rule."""
+    claim = await get_object(client, BranchClaim, "c-000", namespace)
+    assert claim is not None
+    await client.create(
+        RawClaim(metadata=ObjectMeta(name="c-000", namespace=namespace), spec=claim["spec"])
+    )
+    await client.patch(
+        RawClaim.Status,
+        "c-000",
+        {"status": claim["status"]},
+        namespace=namespace,
+        patch_type=PatchType.MERGE,
+    )
+    return claim
+
+
+def requests(
+    client: AsyncClient, namespace: str, envelope: dict[str, Any], claim: dict[str, Any]
+) -> dict[str, Request]:
     current = {"envelope": envelope}
+    status = claim["status"]
+
+    def whole_status(count: int) -> list[dict[str, Any]]:
+        """The operator's kind of status write: the whole status, one field moved."""
+        moved = {**status, "observedGeneration": count + 1}
+        return [{"op": "replace", "path": "/status", "value": moved}]
+
+    def usage_report(count: int) -> list[dict[str, Any]]:
+        """The SDK's kind of spec write: cumulative usage, growing."""
+        return [{"op": "add", "path": "/spec/usage", "value": {"tokens": str(count + 1)}}]
+
+    def json_patch(kind: Any, body: Callable[[int], list[dict[str, Any]]]) -> Request:
+        async def send(count: int) -> None:
+            await client.patch(
+                kind, "c-000", body(count), namespace=namespace, patch_type=PatchType.JSON
+            )
+
+        return send
 
     async def envelope_status_write(count: int) -> None:
         body = current["envelope"]
@@ -127,6 +170,10 @@ def requests(client: AsyncClient, namespace: str, envelope: dict[str, Any]) -> d
         "claim GET (from etcd)": claim_get,
         "claim LIST by name (watch cache)": claim_list_by_name,
         "claim status write (merge patch)": claim_status_write,
+        "claim whole-status write (schema)": json_patch(BranchClaim.Status, whole_status),
+        "raw claim whole-status write (no schema)": json_patch(RawClaim.Status, whole_status),
+        "claim usage report (schema + CEL)": json_patch(BranchClaim, usage_report),
+        "raw claim usage report (no schema)": json_patch(RawClaim, usage_report),
     }
 
 
@@ -136,13 +183,14 @@ async def measure(
     """Milliseconds of API server CPU (and of wall time) per request of each kind, over
     `count` requests made one after another."""
     envelope = await fill_ledger(client, namespace, claims)
+    claim = await raw_copy(client, namespace)
     figures: dict[str, Any] = {
         "ledger_entries": int((envelope["status"].get("claimRecords") or {}).get("count", 0))
         + len(envelope["status"].get("entries") or {}),
         "envelope_bytes": len(json.dumps(envelope)),
         "per_request_ms": {},
     }
-    for kind, request in requests(client, namespace, envelope).items():
+    for kind, request in requests(client, namespace, envelope, claim).items():
         cpu, began = apiserver_cpu(), time.monotonic()
         for index in range(count):
             await request(index)
