@@ -18,6 +18,7 @@ from reservoir.k8s.pool_writer import PoolWriter
 from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
 from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.resources import FIELD_MANAGER, ReservationEnvelope
+from reservoir.k8s.transition_events import TransitionEvents
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -53,7 +54,9 @@ class Services:
         # HTTP providers: the administrator's allow-list, caps and rates (the CLI's flags).
         providers = ProviderClient(client, ProviderHttp(ProviderSettings.from_env()))
         writer = LedgerWriter(client, post_event, devices=devices, providers=providers)
-        writer.every_transition = os.environ.get("RESERVOIR_TRANSITION_EVENTS") == "all"
+        writer.transition_events = TransitionEvents(
+            os.environ.get("RESERVOIR_TRANSITION_EVENTS") or TransitionEvents.EXCEPTIONS
+        )
         watched = os.environ.get("RESERVOIR_WATCHED_NAMESPACES") or ""
         pools = PoolWriter(
             client,

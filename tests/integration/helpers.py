@@ -175,6 +175,9 @@ def records(sdk: Reservoir, envelope: str) -> dict[str, LedgerEntry]:
     return found
 
 
+# A churn's operators post an Event for every settlement (the default posts none for a
+# claim's ordinary end), so that "no settlement announced twice" is checked on each.
+EVERY_SETTLEMENT = "--transition-events=settlements"
 # How a churn's claims may settle (test_crash_churn, test_nested_budgets).
 SETTLE_REASONS = {
     "Completed", "SettledAfterDetach", "Cancelled", "Deleted", "LeaseExpired",

@@ -1,7 +1,8 @@
 """What the operator writes on a claim besides its status, with the real operator: a claim
 made with kubectl is adopted (envelope owner, claim finalizer) once; a deleted claim goes
-as soon as its settlement is recorded, also when its envelope does not exist; and only a
-settlement (not every routine move) posts an Event unless asked."""
+as soon as its settlement is recorded, also when its envelope does not exist; and a
+claim's ordinary life posts no Event unless asked (`--transition-events`), while what a
+person should hear of (here, a refusal) always does."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from tests.integration.conftest import StartOperator
 from tests.integration.helpers import create_envelope, events_of, eventually, wait_phase
 
 
-def apply_claim(cluster: ClusterHandle, ns: str, name: str, envelope: str = "wf") -> None:
+def apply_claim(
+    cluster: ClusterHandle, ns: str, name: str, envelope: str = "wf", tokens: str = "10"
+) -> None:
     body = {
         "apiVersion": "reservoir.dev/v1alpha1",
         "kind": "BranchClaim",
         "metadata": {"name": name, "namespace": ns},
-        "spec": {"envelope": envelope, "requests": {"tokens": "10"}, "dispatch": True},
+        "spec": {"envelope": envelope, "requests": {"tokens": tokens}, "dispatch": True},
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
 
@@ -72,15 +75,30 @@ def test_a_deleted_claim_of_a_missing_envelope_is_released(
     eventually("the claim gone", lambda: not metadata(cluster, ns, "orphan"))
 
 
-def test_only_settlements_post_events_unless_every_transition_is_asked_for(
+def test_an_ordinary_life_posts_no_event_and_a_refusal_does(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
 ) -> None:
     start_operator()
     create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
     settle_one(sdk, "q")
+    # Asked for more than the envelope's whole capacity: refused, which a person hears of.
+    # Posted after q's settlement was recorded, by the same poster: once it is there, an
+    # Event for q would be too.
+    apply_claim(cluster, ns, "big", tokens="1000")
+    wait_phase(sdk, "big", "Rejected")
+    eventually("the refusal's Event", lambda: events_of(cluster, ns, "big"))
+    assert events_of(cluster, ns, "q") == []
+    assert [t.reason for t in sdk.history("q")] == ["Reserved", "CommitPointReached", "Completed"]
+
+
+def test_each_settlement_posts_an_event_when_asked(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    start_operator("--transition-events=settlements")
+    create_envelope(cluster, ns, "wf", {"tokens": "100"}, defaultLeaseSeconds=120)
+    settle_one(sdk, "q")
     reasons = eventually("the settlement Event", lambda: events_of(cluster, ns, "q"))
     assert "Completed" in reasons and "Reserved" not in reasons, reasons
-    assert sdk.history("q")[0].reason == "Reserved", "recorded in the history all the same"
 
 
 def test_every_transition_posts_an_event_when_asked(

@@ -17,7 +17,13 @@ from reservoir.core.model import TERMINAL_PHASES, BranchClaimStatus
 from reservoir.sdk import Reservoir
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess, StartOperator
-from tests.integration.helpers import SETTLE_REASONS, create_envelope, eventually, run_branch
+from tests.integration.helpers import (
+    EVERY_SETTLEMENT,
+    SETTLE_REASONS,
+    create_envelope,
+    eventually,
+    run_branch,
+)
 
 CLAIMS = 200
 WORKERS = 4
@@ -110,14 +116,14 @@ def verify(cluster: ClusterHandle, ns: str, declared: dict[str, str]) -> None:
 def test_kill_9_the_operator_at_random_moments_during_churn(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator
 ) -> None:
-    current: list[OperatorProcess] = [start_operator()]
+    current: list[OperatorProcess] = [start_operator(EVERY_SETTLEMENT)]
     rng = random.Random(7)
 
     def kill_and_restart(done: threading.Event) -> None:
         while not done.is_set():
             time.sleep(rng.uniform(0.5, 3.0))
             current[-1].kill()
-            current.append(start_operator())
+            current.append(start_operator(EVERY_SETTLEMENT))
 
     churn(cluster, ns, kill_and_restart)
     assert len(current) > 3, "the operator was killed several times"
@@ -126,8 +132,8 @@ def test_kill_9_the_operator_at_random_moments_during_churn(
 def test_two_operators_without_peering_never_settle_twice(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator
 ) -> None:
-    start_operator()
-    start_operator()
+    start_operator(EVERY_SETTLEMENT)
+    start_operator(EVERY_SETTLEMENT)
 
     def nothing(done: threading.Event) -> None:
         done.wait()

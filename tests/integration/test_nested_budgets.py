@@ -24,6 +24,7 @@ from reservoir.sdk import Reservoir, ReservoirError
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess, StartOperator
 from tests.integration.helpers import (
+    EVERY_SETTLEMENT,
     SETTLE_REASONS,
     eventually,
     records,
@@ -568,7 +569,7 @@ CHILD_TOKENS = 2000
 def test_kill_9_during_a_nested_churn_settles_every_level_exactly_once(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator
 ) -> None:
-    current: list[OperatorProcess] = [start_operator()]
+    current: list[OperatorProcess] = [start_operator(EVERY_SETTLEMENT)]
     make_envelope(cluster, ns, "root", "100000")
     wait_envelope_phase(cluster, ns, "root", "Open")
     declared: dict[str, str] = {}
@@ -579,7 +580,7 @@ def test_kill_9_during_a_nested_churn_settles_every_level_exactly_once(
         while not done.is_set():
             time.sleep(rng.uniform(0.5, 3.0))
             current[-1].kill()
-            current.append(start_operator())
+            current.append(start_operator(EVERY_SETTLEMENT))
 
     def child_workflow(slot: int) -> None:
         """Create a child, run its branches, close it: all while the operator dies."""

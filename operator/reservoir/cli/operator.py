@@ -20,6 +20,7 @@ from lightkube.core.exceptions import ConfigError
 from reservoir import __version__, kopf_readiness
 from reservoir.endpoints import listen
 from reservoir.k8s.provider_policy import AllowList
+from reservoir.k8s.transition_events import TransitionEvents
 
 SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
 
@@ -104,12 +105,14 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--transition-events",
-        choices=("settlements", "all"),
-        default="settlements",
-        help="which claim phase changes post a Kubernetes Event: 'settlements' (each claim's "
-        "settlement; warnings and provider, cancel and loan events always) or 'all' (every "
-        "transition: about four more API writes per claim). Every transition is recorded in "
-        "the claim's status.history either way",
+        choices=[level.value for level in TransitionEvents],
+        default=TransitionEvents.EXCEPTIONS.value,
+        help="which claim phase changes post a Kubernetes Event: 'exceptions' (warnings, and "
+        "endings the worker did not declare: a lease lapse, a provider's verdict, a "
+        "deadline, a force-settlement, a refusal), 'settlements' (also a claim's ordinary "
+        "end: its final report, cancel or deletion before dispatch: one more API write per "
+        "claim) or 'all' (every move: about four more). Every move is recorded in the "
+        "claim's status history and counted by the metrics either way",
     )
     providers = parser.add_argument_group(
         "HTTP providers",

@@ -93,6 +93,7 @@ from reservoir.k8s.resources import (
     ReservationEnvelope,
     get_object,
 )
+from reservoir.k8s.transition_events import TransitionEvents, posts_event
 
 log = logging.getLogger(__name__)
 MAX_ATTEMPTS = 8
@@ -112,8 +113,6 @@ GATE_RETRY = timedelta(seconds=5)
 RELEASED_KEEP_SECONDS = 600.0
 # A lease that ends moves the claim here: the renewal the index may lack is read first.
 LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
-# The happy path's moves: announced by an Event only with `every_transition`.
-ROUTINE_PHASES = frozenset({ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING})
 
 
 def decided_on_absence(before: LedgerEntry | None, after: LedgerEntry) -> bool:
@@ -359,9 +358,9 @@ class LedgerWriter:
         # (envelope uid, generation, reason, message): reported once, so that the report's
         # own write (a new resourceVersion) never wakes a loop of reports.
         self._reported_refusals: set[tuple[str, int, str, str]] = set()
-        # Post an Event for every phase change, not only settlements (each is an API write;
-        # the claim's status.history records every transition either way).
-        self.every_transition = False
+        # Which moves post an Event (each is an API write; the claim's status records
+        # every move either way).
+        self.transition_events = TransitionEvents.EXCEPTIONS
         # Wakes a pool's writer when one of its envelopes wrote news (set at start-up).
         self.poke_pool: Callable[[str], None] = lambda _name: None
 
@@ -1061,7 +1060,7 @@ class LedgerWriter:
         child envelope) they are about; a loan's on the envelope whose ledger moved."""
         metrics.count_events(namespace, klass, events)
         for event in events:
-            if not (self.every_transition or event.warning or not routine(event)):
+            if not posts_event(event, self.transition_events):
                 continue
             target = envelope if event.reason in LOAN_EVENTS else claims.get(event.uid)
             if target is not None:
@@ -1256,12 +1255,6 @@ def only_usage_moved(previous: BranchClaimStatus, wanted: BranchClaimStatus) -> 
     if line is not None and wanted.ledger is not None:
         line = line.model_copy(update={"usage": wanted.ledger.usage})
     return wanted == previous.model_copy(update={"usage": wanted.usage, "ledger": line})
-
-
-def routine(event: LedgerEvent) -> bool:
-    """A claim's move to a phase on the way to its settlement (Reserved, Committed,
-    Running...): posted as an Event only with `every_transition`."""
-    return event.phase in ROUTINE_PHASES
 
 
 def workflow_class(envelope: Mapping[str, Any]) -> str:
