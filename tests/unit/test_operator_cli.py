@@ -48,7 +48,7 @@ def test_help_lists_every_flag_with_its_default() -> None:
         "--verbose": "False",
         "--placeholder-priority-class": "reservoir-placeholder",
         "--all-namespaces": "False",
-        "--transition-events": "settlements",
+        "--transition-events": "exceptions",
         "--provider-allow": "[]",
         "--provider-max-in-flight": "32",
         "--provider-max-in-flight-per-namespace": "4",
