@@ -41,6 +41,11 @@ from reservoir.core.policy import Admission, QueueKey
 from reservoir.core.text import names
 
 
+# Behind the head of the queue, which says why it waits (a message naming the head would
+# rewrite every queued child's status at each admission).
+QUEUED = Admission(False, "Queued", "queued behind envelopes ahead of it (priority, then age)")
+
+
 @dataclass(frozen=True)
 class ChildFacts:
     """What a parent reads of one child envelope: its spec and its own recorded status."""
@@ -243,9 +248,7 @@ def admit_child(
         ledger.pending[child.uid] = Admission(False, "CannotAdmit", problem, permanent=True)
         return blocked_by
     if blocked_by is not None:
-        ledger.pending[child.uid] = Admission(
-            False, "Queued", f"queued behind {blocked_by} (priority, then age)"
-        )
+        ledger.pending[child.uid] = QUEUED
         return blocked_by
     if ledger.open_children() >= ledger.max_lines // 2:
         ledger.pending[child.uid] = Admission(

@@ -143,6 +143,10 @@ from reservoir.core.windows import expire_windows, next_return, record_windows, 
 # Claims that never held anything get a line in flight only while the record in flight has
 # room for half its new lines, so rejections never crowd out admissions.
 UNADMITTED_ENTRIES_ROOM = IN_FLIGHT_LIMIT // 2
+# Behind the head of the queue, which says why it waits: a message that named the head
+# changed for every claim queued behind it at each admission, a status write each (a queue
+# of N claims rewrote N statuses per admission).
+QUEUED = Admission(False, "Queued", "queued behind claims ahead of it (priority, then age)")
 # Why an admissible claim waits when the pass has no room left for new lines in flight.
 MOVES_IN_FLIGHT = Admission(
     False,
@@ -1025,9 +1029,7 @@ def _admit_one(
     kept = _retry_hold_for(entries.values(), facts, result.holds_in_use)
     balance = add(available, kept.resources) if kept is not None else available
     if blocked_by is not None and not (kept is not None and fits(spec.requests, balance)):
-        result.pending[facts.uid] = Admission(
-            False, "Queued", f"queued behind {blocked_by} (priority, then age)"
-        )
+        result.pending[facts.uid] = QUEUED
         return blocked_by
 
     # Claims waiting for their devices in this pass count as admitted for the caps: each
