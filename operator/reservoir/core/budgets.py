@@ -40,7 +40,6 @@ from reservoir.core.model import (
 from reservoir.core.policy import Admission, QueueKey
 from reservoir.core.text import names
 
-
 # Behind the head of the queue, which says why it waits (a message naming the head would
 # rewrite every queued child's status at each admission).
 QUEUED = Admission(False, "Queued", "queued behind envelopes ahead of it (priority, then age)")
