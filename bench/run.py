@@ -778,20 +778,27 @@ def options(bench: Bench, full_life: bool = True, kueue_shape: bool = False) -> 
 # --- scenarios ----------------------------------------------------------------------------
 
 
+def claims_run(
+    bench: Bench, scenario: str, envelopes_n: int, per: int, profile: Path | None = None
+) -> tuple[str, Operator, list[str], list[tuple[str, str]]]:
+    """A scenario's namespace, its operator (started) and its envelopes' and claims' names."""
+    namespace = bench.namespace(scenario)
+    operator = Operator(bench, namespace, scenario, profile=profile)
+    operator.start()
+    envelopes = [f"env-{i}" for i in range(envelopes_n)]
+    say(
+        f"{scenario}: {envelopes_n} envelopes × {per} claims "
+        f"(maxActiveClaims {bench.sizes.quota}), concurrency {bench.sizes.concurrency}"
+    )
+    return namespace, operator, envelopes, claim_names(envelopes, per)
+
+
 def scenario_throughput(bench: Bench, profile: Path | None = None) -> dict[str, Any]:
     sizes = bench.sizes
     scenario = "profile" if profile else "throughput"
     envelopes_n = sizes.profile_envelopes if profile else sizes.envelopes
     per = sizes.profile_per_envelope if profile else sizes.per_envelope
-    namespace = bench.namespace(scenario)
-    operator = Operator(bench, namespace, scenario, profile=profile)
-    operator.start()
-    envelopes = [f"env-{i}" for i in range(envelopes_n)]
-    names = claim_names(envelopes, per)
-    say(
-        f"{scenario}: {envelopes_n} envelopes × {per} claims (maxActiveClaims {sizes.quota}), "
-        f"concurrency {sizes.concurrency}"
-    )
+    namespace, operator, envelopes, names = claims_run(bench, scenario, envelopes_n, per, profile)
     try:
         run = asyncio.run(
             run_claims(
@@ -1312,14 +1319,8 @@ def scenario_admission(bench: Bench) -> dict[str, Any]:
     marked Finished once Admitted. Admissions/s: claims seen Tentative over the time from
     the first create to the last admission, the figure Kueue's run reports."""
     sizes = bench.sizes
-    namespace = bench.namespace("admission")
-    operator = Operator(bench, namespace, "admission")
-    operator.start()
-    envelopes = [f"env-{i}" for i in range(sizes.envelopes)]
-    names = claim_names(envelopes, sizes.per_envelope, prefix="a")
-    say(
-        f"admission: {sizes.envelopes} envelopes × {sizes.per_envelope} claims "
-        f"(maxActiveClaims {sizes.quota}), creates in flight {sizes.concurrency}"
+    namespace, operator, envelopes, names = claims_run(
+        bench, "admission", sizes.envelopes, sizes.per_envelope
     )
     try:
         run = asyncio.run(
