@@ -128,7 +128,7 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--metrics-port=8080",
         "--metrics-auth=kubernetes",
         "--placeholder-priority-class=reservoir-placeholder",
-        "--transition-events=settlements",
+        "--transition-events=exceptions",
         "--restrict-placement",
         "--allowed-toleration-key=nvidia.com/gpu",
         "--allowed-node-label-key=kubernetes.io/hostname",
