@@ -396,7 +396,7 @@ class ClaimLinesAudit(RuleBasedStateMachine):
             returned = adjustment.returned.get(resource, ZERO)
             net = line.consumed.get(resource, ZERO) + charged - returned
             used = min(
-                max(self.finals[uid].get(resource, ZERO), line.usage.get(resource, ZERO)),
+                max(self.finals.get(uid, {}).get(resource, ZERO), line.usage.get(resource, ZERO)),
                 reserved,
             )
             # Returned exactly down to what was used; charged up to it, as room allows.
