@@ -18,7 +18,9 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
 )
 from reservoir.core.provider import ProviderAnswer
+from reservoir.core.quiet import QuietClaims
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
+from tests.unit.quiet_check import passing_quiet_by
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -43,6 +45,7 @@ class Sim:
         self.now = T0
         self.events: list[LedgerEvent] = []
         self.last: Reconciliation | None = None
+        self.quiet: QuietClaims | None = None  # settled claims the last pass found quiet
         self.devices: dict[str, DeviceFacts] = {}  # claim uid -> its ResourceClaim
 
     # - time -
@@ -197,16 +200,14 @@ class Sim:
 
     # - the operator -
     def reconcile(self, departed: dict[str, LedgerEntry] | None = None, fresh: bool = True) -> Sim:
-        self.last = reconcile(
-            self.envelope,
-            self.status,
-            list(self.claims.values()),
-            self.now,
-            self.devices,
-            departed,
-            fresh,
+        claims = list(self.claims.values())
+        self.last = passing_quiet_by(
+            lambda quiet: reconcile(
+                self.envelope, self.status, claims, self.now, self.devices, departed, fresh, quiet
+            ),
+            self.quiet,
         )
-        self.status = self.last.status
+        self.status, self.quiet = self.last.status, self.last.quiet
         self.events += self.last.events
         return self
 

@@ -56,8 +56,10 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
     Settlement,
 )
+from reservoir.core.quiet import QuietClaims
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.k8s.ledger_writer import decided_on_absence
+from tests.unit.quiet_check import passing_quiet_by
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 ZERO = Decimal(0)
@@ -114,6 +116,7 @@ class ClaimLinesAudit(RuleBasedStateMachine):
         self.now = T0
         self.counter = 0
         self.departed: dict[str, LedgerEntry] = {}  # lines of claims seen deleted
+        self.quiet: QuietClaims | None = None  # settled claims the last pass found quiet
         # the auditor's own books
         self.settled: dict[str, Settlement] = {}
         self.committed: dict[str, Decimal] = {}
@@ -253,9 +256,15 @@ class ClaimLinesAudit(RuleBasedStateMachine):
 
         def decide(claims: dict[str, Claim], fresh: bool) -> Reconciliation:
             facts = [c.facts for c in claims.values()]
-            return reconcile(
-                self.envelope_facts, status, facts, self.now, departed=departed, fresh=fresh
-            )
+            decided = passing_quiet_by(
+                lambda quiet: reconcile(
+                    self.envelope_facts, status, facts, self.now, departed=departed,
+                    fresh=fresh, quiet=quiet,
+                ),
+                self.quiet,
+            )  # fmt: skip
+            self.quiet = decided.quiet
+            return decided
 
         try:
             result = decide(seen, fresh)

@@ -114,9 +114,11 @@ from reservoir.core.model import (
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
+from reservoir.core.quiet import QuietClaims
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.providers import USAGE_ANNOTATION, ProviderClient
+from tests.unit.quiet_check import passing_quiet_by
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 MAX_CLAIMS = 5
@@ -155,13 +157,19 @@ class Run:
     suspended: set[str] = field(default_factory=set)  # uids whose Job it suspended (a cancel)
     runner: asyncio.Runner | None = None  # runs its writer's provider calls
     writer: LedgerWriter | None = None
+    quiet: QuietClaims | None = None  # settled claims its last pass found quiet
 
     def reconcile(self, world: World, now: datetime) -> None:
         claims = world.claims
         facts = [replace(f, settled_record=self.records.get(uid)) for uid, f in claims.items()]
         facts = self.consult_providers(world, facts, now)
-        result = reconcile(world.envelope, self.status, facts, now, dict(world.devices))
-        self.status, self.result = result.status, result
+        result = passing_quiet_by(
+            lambda quiet: reconcile(
+                world.envelope, self.status, facts, now, dict(world.devices), quiet=quiet
+            ),
+            self.quiet,
+        )
+        self.status, self.result, self.quiet = result.status, result, result.quiet
         # The mirror lands: settled claims carry their record in their own status.
         for uid, fact in claims.items():
             entry = result.entry(uid)

@@ -137,6 +137,7 @@ from reservoir.core.provider import (
     late_answer_wanted,
     needs_lookup,
 )
+from reservoir.core.quiet import QuietClaims, Terms, stays_quiet
 from reservoir.core.text import MESSAGE_LENGTH, bounded
 from reservoir.core.windows import expire_windows, next_return, record_windows, refill_note
 
@@ -260,6 +261,7 @@ class Reconciliation:
     to_claims: dict[str, LedgerEntry] = field(default_factory=dict)
     lost: str | None = None  # the line this pass made for claims gone without their lines
     postponed: set[str] = field(default_factory=set)  # held lines left for the next pass
+    quiet: QuietClaims = field(default_factory=QuietClaims)  # settled claims to pass by
 
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.lines.get(uid) or self.off_ledger.get(uid)
@@ -273,12 +275,14 @@ def reconcile(
     devices: Mapping[str, DeviceFacts] | None = None,
     departed: Mapping[str, LedgerEntry] | None = None,
     fresh: bool = True,
+    quiet: QuietClaims | None = None,
 ) -> Reconciliation:
     """`devices`: claim uid -> what its ResourceClaim shows, for every ResourceClaim of the
     envelope's claims that exists (listed after the claims). `departed`: the last lines of
     this envelope's claims seen deleted. `fresh`: the claims were read from the API server
     just now (not from a watch that may lag): lines the envelope counts and no claim holds
-    are then lost, not late (see reservoir.core.inflight).
+    are then lost, not late (see reservoir.core.inflight). `quiet`: the settled claims the
+    previous pass found quiet (reservoir.core.quiet), passed by while their facts are equal.
 
     Raises ClaimViewBehindError when the claims, not fresh, do not add up to the record."""
     dimensions = frozenset(envelope.spec.capacity)
@@ -451,9 +455,14 @@ def reconcile(
     # 2. Settled claims whose record moved to their own status: only late facts remain. A
     #    late completion that moves capacity brings the record back into the ledger, so
     #    the adjustment is written with the totals it changes: exactly once.
+    terms = Terms(policy, dimensions, envelope.spec.contracts)
+    quiet_now: dict[str, ClaimFacts] = {}
     for facts in facts_by_uid.values():
         record = facts.settled_record
         if facts.uid in ledger.entries or record is None:
+            continue
+        if quiet is not None and quiet.passes_by(facts, terms):
+            quiet_now[facts.uid] = facts
             continue
         record = record.model_copy(deep=True)
         was_adjusted = record.adjustment is not None
@@ -466,6 +475,8 @@ def reconcile(
         moved = compensate_line(record, facts)
         charges_waiting = add(charges_waiting, moved.waiting)
         if record == facts.settled_record:
+            if stays_quiet(record, facts, adjust, events + moved.events):
+                quiet_now[facts.uid] = facts
             continue  # nothing new: its status already says all of it
         result.events += events + moved.events
         if not was_adjusted and record.adjustment is not None and record.adjustment.applied:
@@ -478,6 +489,8 @@ def reconcile(
             _charge(result, record)  # back in flight, with the totals it moved
         else:
             result.off_ledger[facts.uid] = record
+
+    result.quiet = QuietClaims(terms, quiet_now)
 
     # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
     children = ChildLedger(

@@ -68,6 +68,7 @@ from reservoir.core.provider import (
     lookup_due,
     needs_lookup,
 )
+from reservoir.core.quiet import QuietClaims
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 from reservoir.core.stranded import stranded
 from reservoir.k8s import budgets
@@ -340,6 +341,8 @@ class LedgerWriter:
         self.children: Mapping[tuple[str, str], Iterable[str]] | None = None
         # Each envelope's claims as its last pass parsed them (by object versions).
         self._parsed: dict[tuple[str, str], Mapping[FactsKey, ClaimFacts | read.InvalidClaim]] = {}
+        # Settled claims each envelope's last pass found quiet (reservoir.core.quiet).
+        self._quiet: dict[tuple[str, str], QuietClaims] = {}
         # Usage-only status changes held back, by envelope: claim UID -> when due.
         self._deferred: dict[tuple[str, str], dict[str, datetime]] = {}
         # Claims whose deletion waits for settlement, already announced (once each).
@@ -396,7 +399,7 @@ class LedgerWriter:
 
     def forget(self, namespace: str, envelope: str) -> None:
         """The envelope is going: what this writer kept about it goes too."""
-        for kept in (self._parsed, self._gone, self._deferred, self._departed):
+        for kept in (self._parsed, self._quiet, self._gone, self._deferred, self._departed):
             kept.pop((namespace, envelope), None)
 
     def trigger(self, namespace: str, envelope: str) -> Trigger:
@@ -619,6 +622,7 @@ class LedgerWriter:
             except (ClaimViewBehindError, EnvelopeBehindError):
                 return Conflict()  # a claim moved past the envelope read: read both again
         self._parsed[(fetched.namespace, fetched.name)] = fetched.facts.used
+        self._quiet[(fetched.namespace, fetched.name)] = result.quiet
         return result
 
     async def _write(self, fetched: PassRead, result: Reconciliation) -> Conflict | None:
@@ -781,6 +785,7 @@ class LedgerWriter:
                 fetched.devices,
                 fetched.departed,
                 fetched.fresh,
+                self._quiet.get((fetched.namespace, fetched.name)),
             )
         except (ClaimViewBehindError, EnvelopeBehindError):
             raise
