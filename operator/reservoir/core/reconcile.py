@@ -1033,9 +1033,8 @@ def _admit_one(
             f"still pending after {policy.max_queue_seconds}s",
         )
         return blocked_by
-    if not _has_room_for(result, _new_entry(facts, dict(spec.requests))):
-        result.pending[facts.uid] = MOVES_IN_FLIGHT  # never a refusal: it waits a pass
-        return blocked_by
+    # Whether it may be admitted is decided before any would-be line is made for it: a
+    # queue of hundreds behind a shortage or a cap waits without one each, every pass.
     entries = result.status.entries
     # A retry of a failed attempt may use what that attempt kept for it, ahead of the
     # queue when that is enough (the hold is its own).
@@ -1056,6 +1055,13 @@ def _admit_one(
         will_be_tentative=not spec.dispatch,
         policy=policy,
     )
+    capped = decision.reason in ("MaxActiveClaims", "MaxTentativeClaims")
+    if capped and policy.fallback is not Fallback.FAIL:
+        result.pending[facts.uid] = decision  # a cap stops every claim behind it alike
+        return blocked_by
+    if not _has_room_for(result, _new_entry(facts, dict(spec.requests))):
+        result.pending[facts.uid] = MOVES_IN_FLIGHT  # never a refusal: it waits a pass
+        return blocked_by
     entry = _new_entry(facts, dict(spec.requests))
     entry.first_reserved_at = now
     record_transition(entry, ClaimPhase.TENTATIVE, "Reserved", Trigger.ADMISSION, now)
