@@ -47,9 +47,10 @@ class QuietClaims:
     facts: Mapping[str, ClaimFacts] = field(default_factory=dict)
 
     def passes_by(self, facts: ClaimFacts, terms: Terms) -> bool:
-        """Whether this claim, with these facts under these terms, is still quiet."""
+        """Whether this claim, with these facts under these terms, is still quiet (facts
+        found quiet carry no provider answer, so neither do equal ones)."""
         seen = self.facts.get(facts.uid)
-        return seen is not None and facts.provider is None and seen == facts and self.terms == terms
+        return seen is not None and seen == facts and self.terms == terms
 
 
 def stays_quiet(

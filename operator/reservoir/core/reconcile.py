@@ -1034,7 +1034,8 @@ def _admit_one(
         )
         return blocked_by
     # Whether it may be admitted is decided before any would-be line is made for it: a
-    # queue of hundreds behind a shortage or a cap waits without one each, every pass.
+    # queue of hundreds behind a shortage or a cap waits (or is refused) without one each,
+    # every pass; a refusal is recorded within the room it has (`_close_unadmitted`).
     entries = result.status.entries
     # A retry of a failed attempt may use what that attempt kept for it, ahead of the
     # queue when that is enough (the hold is its own).
@@ -1055,14 +1056,25 @@ def _admit_one(
         will_be_tentative=not spec.dispatch,
         policy=policy,
     )
-    capped = decision.reason in ("MaxActiveClaims", "MaxTentativeClaims")
-    if capped and policy.fallback is not Fallback.FAIL:
-        result.pending[facts.uid] = decision  # a cap stops every claim behind it alike
-        return blocked_by
-    if not _has_room_for(result, _new_entry(facts, dict(spec.requests))):
+    if not decision.admitted:
+        if policy.fallback is Fallback.FAIL:
+            _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
+            return blocked_by
+        if decision.reason == "InsufficientCapacity":
+            refill = refill_note(shortage(spec.requests, available), result.status.windows)
+            if refill:
+                message = bounded(f"{decision.message} ({refill})", MESSAGE_LENGTH)
+                decision = replace(decision, message=message)
+        result.pending[facts.uid] = decision
+        if decision.reason == "InsufficientCapacity" and result.short is None:
+            result.short = (facts, shortage(spec.requests, available))
+        # Only a shortage blocks the queue behind it: a tentative-claim cap does not stop a
+        # dispatched claim, and the other caps stop everyone anyway.
+        return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
+    entry = _new_entry(facts, dict(spec.requests))
+    if not _has_room_for(result, entry):
         result.pending[facts.uid] = MOVES_IN_FLIGHT  # never a refusal: it waits a pass
         return blocked_by
-    entry = _new_entry(facts, dict(spec.requests))
     entry.first_reserved_at = now
     record_transition(entry, ClaimPhase.TENTATIVE, "Reserved", Trigger.ADMISSION, now)
     entry.phase = ClaimPhase.TENTATIVE
@@ -1070,11 +1082,7 @@ def _admit_one(
     entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
     wanted = device_counts(spec.requests)
     placed = result.devices_seen.get(facts.uid)
-    if (
-        decision.admitted
-        and wants_devices_now(facts, policy)
-        and (placed is None or not placed.held)
-    ):
+    if wants_devices_now(facts, policy) and (placed is None or not placed.held):
         # Its logical room is kept while the scheduler looks for devices: the claim is
         # admitted on the recorded allocation, never reported as held before it.
         # The hold stays the failed attempt's until this one holds its devices (review):
@@ -1097,22 +1105,6 @@ def _admit_one(
         return blocked_by
     if wanted and placed is not None and placed.node is not None:
         entry.devices = DeviceHold(node=placed.node, devices=list(placed.devices))
-    if not decision.admitted:
-        if policy.fallback is Fallback.FAIL:
-            _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
-            return blocked_by
-        if decision.reason == "InsufficientCapacity":
-            refill = refill_note(shortage(spec.requests, available), result.status.windows)
-            if refill:
-                message = bounded(f"{decision.message} ({refill})", MESSAGE_LENGTH)
-                decision = replace(decision, message=message)
-        result.pending[facts.uid] = decision
-        if decision.reason == "InsufficientCapacity" and result.short is None:
-            result.short = (facts, shortage(spec.requests, available))
-        # Only a shortage blocks the queue behind it: a tentative-claim cap does not stop a
-        # dispatched claim, and the other caps stop everyone anyway.
-        return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
-
     available.update(subtract(_take(available, kept, facts), spec.requests))
     _charge(result, entry)
     entries[facts.uid] = entry

@@ -1135,7 +1135,7 @@ class LedgerWriter:
                     mirrored.add(uid)
                 continue
             if entry is None and pending is None:
-                continue  # set aside before, but no longer: leave its status alone
+                continue  # bound to a replaced envelope, its status unreadable: left alone
             if deleting and previous is not None and previous.settlement is not None:
                 continue  # settled and going: its status already says so
             wanted = claim_status(
