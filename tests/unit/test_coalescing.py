@@ -919,9 +919,9 @@ worker_reports = st.one_of(
 provider_writes = st.one_of(
     provider_creates,
     st.builds(Write, st.sampled_from(["dispatch", "cancel", "cancel", "delete"]), job_claims),
-    # No heartbeats here: a renewal seen without the cancel that came with it extends the
-    # lease, seen with it does not (Committed in one run, Detached in the other). Found by
-    # this audit, not a provider matter, left to the lease work (issue 21 report).
+    # Heartbeats next to cancels: a renewal seen with the cancel that came with it extends
+    # the lease as one seen before it does (test_a_heartbeat_seen_with_the_cancel_...).
+    st.builds(Write, st.just("heartbeat"), job_claims, st.integers(0, 3)),
     worker_reports,
     worker_reports,
     job_writes,
@@ -956,6 +956,8 @@ def provider_histories(draw: st.DrawFn) -> History:
             max_size=10,
         )
     )
+    # The close lands first in its instant, as in `histories` (the open question there).
+    instants = [(tick, sorted(ws, key=lambda w: w.kind != "close")) for tick, ws in instants]
     first = draw(st.lists(provider_creates, min_size=1, max_size=MAX_CLAIMS))
     return History(envelope, [(0, first), *instants])
 
@@ -1191,3 +1193,37 @@ def test_provider_answers_settle_alike_whichever_states_of_the_job_the_operator_
         return data.draw(st.sets(st.integers(1, count)), label="coalesced run sees")
 
     play(history, sees)
+
+
+def test_a_heartbeat_seen_with_the_cancel_renews_as_if_seen_first() -> None:
+    """Found by the audit: c0 is dispatched; at t=8 its holder's heartbeat and a cancel
+    land in one instant; its lease (9 s) would end at t=9. Every step saw the heartbeat
+    first (renewed: Committed at t=9); coalesced saw both and refused the renewal (Detached
+    at t=9). No record orders the two, so both renew; a heartbeat after the pass that
+    recorded the cancel is refused (the lease then lapses in both runs)."""
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(
+            capacity={"tokens": 100, "gpu": 0},
+            policy=EnvelopePolicy(default_lease_seconds=9, ambiguity_deadline_seconds=5),
+        ),
+        created_at=T0,
+    )
+    for first, then in (("heartbeat", "cancel"), ("cancel", "heartbeat")):
+        history = History(
+            envelope,
+            [
+                (0, [Write("create", 0, (20, 0, True, 0, "Dispatch", 0))]),
+                (8, [Write(first, 0, 1), Write(then, 0, 1)]),
+                (1, [Write("job_done", 0, (False, False, 12))]),
+                (4, [Write("heartbeat", 0, 2)]),
+                (10, [Write("usage", 0, 4)]),
+            ],
+        )
+        every_step, coalesced = play(history, only_last)
+        assert compare(every_step, coalesced, frozenset({"c0"})) == 1
+        for run in (every_step, coalesced):
+            entry = run.entry("c0")
+            assert entry is not None and entry.renewals == 1, first  # at t=8 only
+            assert entry.cancel_requested_at == T0 + timedelta(seconds=8)
+            assert entry.expires_at == T0 + timedelta(seconds=17)
+            assert entry.phase is ClaimPhase.DETACHED

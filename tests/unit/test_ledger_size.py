@@ -51,7 +51,7 @@ def heavy_entry(index: int) -> LedgerEntry:
         committed_at=NOW,
         started_at=NOW,
         detached_at=NOW,
-        cancel_requested=True,
+        cancel_requested_at=NOW,
         overrun=Overrun(usage=resources, final=True, at=NOW),
         late=LateReport(count=3, usage=resources, final=True, outcome="Succeeded", at=NOW),
         settlement=Settlement(

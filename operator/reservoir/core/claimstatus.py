@@ -221,7 +221,7 @@ def settled_view(entry: LedgerEntry) -> tuple[Any, ...]:
         entry.dispatch_fenced,
         entry.pod_started_late,
         entry.committed_at is not None,
-        entry.cancel_requested,
+        entry.cancel_requested_at,
         entry.devices,
         entry.provider,
         entry.result,
@@ -250,7 +250,7 @@ def settled_record(
     if line is not None and line.settlement == status.settlement and line.phase.terminal:
         return line  # the claim's own line (the fields below are its mirror)
     true = {c.type: c for c in status.conditions if c.status == "True"}
-    committed = true.get("Committed")
+    committed, cancel = true.get("Committed"), true.get("CancelRequested")
     lease = status.lease
     return LedgerEntry(
         claim=name,
@@ -264,7 +264,7 @@ def settled_record(
         expires_at=lease.expires_at if lease else None,
         renewals=lease.renewals if lease else 0,
         committed_at=committed.last_transition_time if committed else None,
-        cancel_requested="CancelRequested" in true,
+        cancel_requested_at=cancel.last_transition_time if cancel else None,
         dispatch_fenced="DispatchRefused" in true,
         pod_started_late="PodStartedAfterSettlement" in true,
         overrun=status.overrun,

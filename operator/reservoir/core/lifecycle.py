@@ -623,7 +623,7 @@ def advance_tentative(step: Step) -> None:
         if facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
             # The cancel asked while its pod could still start is recorded as the operator
             # that saw the cancel first records it (found by the coalescing audit).
-            entry.cancel_requested = True
+            entry.cancel_requested_at = step.now
         settle(step, ClaimPhase.RELEASED, "FinishedBeforeCommit", outcome=spec.outcome)
     elif facts.cancelling and facts.pod is not None and facts.pod.may_still_start:
         # A workload pod that may still bind and start: the cancel cannot confirm that the
@@ -631,7 +631,7 @@ def advance_tentative(step: Step) -> None:
         # commit) or goes without running. Returning R here made the settlement depend on
         # whether the operator saw the pod before it ran (issue 21 §3.9).
         if not entry.cancel_requested:
-            entry.cancel_requested = True
+            entry.cancel_requested_at = step.now
             step.note(
                 "CancelRequested",
                 "cancel requested while a workload pod of the claim may still start: "
@@ -653,7 +653,7 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
     # Recorded first: a cancel seen together with the final report is still a cancel asked
     # (found by the coalescing audit: one look or two must record the same).
     if facts.cancelling and not entry.cancel_requested:
-        entry.cancel_requested = True
+        entry.cancel_requested_at = step.now
         step.note(
             "CancelRequested",
             "cancel requested after the commit point: capacity waits for the final usage "
@@ -839,7 +839,7 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
     holder = facts.spec.lease.holder
     if entry.phase is ClaimPhase.DETACHED:
         refusal = "LeaseLapsed", "a Detached claim is not re-attached by a heartbeat"
-    elif facts.cancelling:
+    elif facts.cancelling and not cancel_recorded_now(step):
         refusal = "Cancelled", "the branch is cancelled: its lease is not extended"
     elif not renewals_open:
         refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
@@ -854,6 +854,14 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
             return
         refusal = decision.reason, decision.message
     step.note("RenewalRefused", f"{refusal[0]}: {refusal[1]}", warning=True)
+
+
+def cancel_recorded_now(step: Step) -> bool:
+    """The cancel was first recorded at this pass's time. A heartbeat seen with it may have
+    been sent before the cancel was asked, and no record orders the two: it is renewed as if
+    seen first, so the lease ends alike whether the operator saw them one by one or together
+    (found by the coalescing audit). Every later heartbeat is refused."""
+    return step.entry.cancel_requested_at == step.now
 
 
 def record_after_settlement(step: Step) -> None:
@@ -876,7 +884,7 @@ def record_after_settlement(step: Step) -> None:
         # A cancel asked after the commit point is recorded whenever it comes: before the
         # final report, with it, or after it (found by the tree audit: one look or two
         # must record the same). Nothing moves: the claim has settled.
-        entry.cancel_requested = True
+        entry.cancel_requested_at = step.now
         if spec.cancel:  # deleting a settled claim is its normal end, not news
             step.note("CancelRequested", "cancel requested after settlement: recorded")
     pod = facts.pod

@@ -230,8 +230,12 @@ class LedgerEntry(Model):
     detached_at: datetime | None = Field(
         default=None, description="When its lease lapsed after the commit point."
     )
-    cancel_requested: bool = Field(
-        default=False, description="Cancel (or deletion) was asked after the commit point."
+    cancel_requested_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When the operator first saw a cancel (or deletion) asked after the commit point "
+            "(or while a workload pod could still start)."
+        ),
     )
     pod_started_late: bool = Field(
         default=False,
@@ -291,6 +295,11 @@ class LedgerEntry(Model):
         "the scheduler freed them); the rest waits for the usage."
     )
     compensations: list[CompensationRecord] = compensations_field()
+
+    @property
+    def cancel_requested(self) -> bool:
+        """A cancel (or deletion) was asked after the commit point and recorded."""
+        return self.cancel_requested_at is not None
 
 
 class ResourceTotals(Model):
