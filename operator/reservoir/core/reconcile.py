@@ -15,6 +15,11 @@ lives in its status alone (`Reconciliation.off_ledger`).
 
 The operator calls this once per batch of claim events (group commit) and writes the
 result with one compare-and-swap; on a conflict it re-reads and calls it again.
+
+`reconcile` reads as the pass's steps, each a function named in its docstring: where the
+capacity comes from, the claims in view, advance the held lines, late facts of settled
+claims, children and loans, admit the queue, borrow or lend, compact, close the books,
+place each line.
 """
 
 from __future__ import annotations
@@ -284,15 +289,144 @@ def reconcile(
     are then lost, not late (see reservoir.core.inflight). `quiet`: the settled claims the
     previous pass found quiet (reservoir.core.quiet), passed by while their facts are equal.
 
-    Raises ClaimViewBehindError when the claims, not fresh, do not add up to the record."""
+    Raises ClaimViewBehindError when the claims, not fresh, do not add up to the record.
+
+    The pass, step by step (each a function of this module):
+      0. `_where_capacity_comes_from`: its parent's or pool's verdict, recorded once;
+         `_claims_in_view`: the claims it decides on and every line in view;
+      1. `_advance_held`: every claim that holds a line, by its facts;
+      2. `_late_facts_of_settled`: settled claims whose record is their own status;
+         `_settle_closed_children` (2b) and `_settle_sibling_loans` (2c);
+      3. `_admit_the_queue`: waiting claims and child envelopes, in one queue order;
+         `_borrow_repay_or_lend` (3b);
+      4. `_compact`: settled lines leave once their claims carry them;
+         `_close_the_books`: totals, the envelope's own lifecycle, when to look again;
+      5. `_place`: each line in flight on the envelope, or to its claim alone."""
     dimensions = frozenset(envelope.spec.capacity)
     result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
     result.devices_seen = devices or {}
     result.contracts = resolve(dimensions, envelope.spec.contracts)
     result.reusable = reusable(result.contracts)
     result.windowed = of_type(result.contracts, ContractType.REPLENISHING)
-    ledger = result.status
-    # 0. Where its capacity comes from: recorded once, before any claim is admitted on it.
+    envelope = _where_capacity_comes_from(result, envelope)
+    facts_by_uid, view = _claims_in_view(result, envelope, status, claims, departed or {}, fresh)
+    books = _Books.open(result, envelope, facts_by_uid, view)
+    _advance_held(books)
+    _late_facts_of_settled(books, quiet)
+    _settle_closed_children(books)
+    _settle_sibling_loans(books)
+    _admit_the_queue(books)
+    _borrow_repay_or_lend(books)
+    _compact(books)
+    _close_the_books(books)
+    _place(result, view, status, facts_by_uid)
+    return result
+
+
+@dataclass
+class _Books:
+    """The books as one pass keeps them from step to step: the envelope as the pass reads
+    it, its claims' facts, and the balance as the steps move it."""
+
+    result: Reconciliation
+    envelope: EnvelopeFacts  # its parent's verdict applied (reservoir.core.budgets)
+    facts: dict[str, ClaimFacts]  # claim uid -> facts, of the claims it decides on
+    view: View
+    # What is consumed for good so far, as the steps settle lines (the totals' input).
+    committed: dict[str, Decimal]
+    # What a late completion may be charged from: the balance as last written (nothing in
+    # steps 1 and 2 draws it down), only while the envelope is open.
+    room: dict[str, Decimal] | None
+    # A compensation may move the balance until the envelope has closed; closing, with
+    # nothing held any more, a charge that waits for room takes what there is.
+    comp_room: dict[str, Decimal] | None
+    last_call: bool
+    charges_waiting: dict[str, Decimal] = field(default_factory=dict)
+    look_again: datetime | None = None
+    children: ChildLedger | None = None  # its child envelopes' lines (step 2b)
+    waiting: list[ClaimFacts] = field(default_factory=list)  # claims queued (step 3)
+    balance: dict[str, Decimal] = field(default_factory=dict)  # what is left to admit on
+
+    @classmethod
+    def open(
+        cls,
+        result: Reconciliation,
+        envelope: EnvelopeFacts,
+        facts: dict[str, ClaimFacts],
+        view: View,
+    ) -> _Books:
+        ledger, now = result.status, result.now
+        committed = dict(ledger.totals.committed)
+        if ledger.closed_at is None:
+            # A Replenishing resource's consumption returns once its window has passed (a
+            # closed envelope's balance is recorded: it no longer moves).
+            committed, ledger.windows = expire_windows(
+                committed, ledger.windows, result.contracts, now
+            )
+            # A Reusable resource is never committed: what a ledger recorded as committed
+            # before its contract existed (every resource settled R − C) comes back.
+            committed = uncommit_reusable(committed, result.reusable)
+        open_now = envelope.accepting(now)
+        available = ledger.totals.available  # copied: each room is drawn down on its own
+        return cls(
+            result=result,
+            envelope=envelope,
+            facts=facts,
+            view=view,
+            committed=committed,
+            room=dict(available) if open_now and result.admitted else None,
+            comp_room=dict(available) if result.admitted and ledger.closed_at is None else None,
+            last_call=not open_now and not _holds_any(ledger),
+        )
+
+    @property
+    def ledger(self) -> ReservationEnvelopeStatus:
+        return self.result.status
+
+    @property
+    def now(self) -> datetime:
+        return self.result.now
+
+    @property
+    def policy(self) -> EnvelopePolicy:
+        return self.envelope.spec.policy
+
+    @property
+    def renewals_open(self) -> bool:
+        """It admits work: leases may be renewed (reservoir.core.lifecycle)."""
+        return self.envelope.accepting(self.now)
+
+    def again_at(self, moment: datetime) -> None:
+        """Look again at `moment` at the latest, even without new facts."""
+        self.look_again = min(self.look_again or moment, moment)
+
+    def advance(
+        self, entry: LedgerEntry, facts: ClaimFacts, adjust: bool = True
+    ) -> list[LedgerEvent]:
+        return _advance(
+            self.result, entry, facts, self.policy, self.renewals_open, self.room, adjust
+        )
+
+    def compensate(self, line: LedgerEntry, facts: ClaimFacts) -> Moved:
+        """The compensations `facts` asks that `line` has not recorded (in place)."""
+        result = self.result
+        return compensate(
+            line,
+            facts,
+            self.envelope.spec.contracts,
+            _fits(result),
+            result.dimensions,
+            self.comp_room,
+            self.now,
+            self.last_call,
+        )
+
+
+def _where_capacity_comes_from(result: Reconciliation, envelope: EnvelopeFacts) -> EnvelopeFacts:
+    """Step 0: where its capacity comes from, recorded once, before any claim is admitted
+    on it. Returns the envelope as the pass reads it: deleted if its parent went, closed
+    once its ledger recorded it, holding what its parent or pool reserved for it."""
+    ledger, now = result.status, result.now
     if ledger.parent is None and ledger.phase is EnvelopePhase.OPEN:
         # Opened before budgets nested (no record): it has always been a root.
         ledger.parent = ParentRecord(kind=ParentKind.ROOT, admitted_at=ledger.closed_at or now)
@@ -317,17 +451,29 @@ def reconcile(
     if result.admitted and ledger.parent is not None and ledger.parent.reserved:
         # Drawn from a parent or pool: it holds what was reserved there, whatever its spec
         # says since (a pool-drawn root's capacity may grow in spec; the pool holds no more).
-        reserved = {k: v for k, v in ledger.parent.reserved.items() if k in dimensions}
+        reserved = {k: v for k, v in ledger.parent.reserved.items() if k in result.dimensions}
         spec = envelope.spec.model_copy(update={"capacity": {**envelope.spec.capacity, **reserved}})
         envelope = replace(envelope, spec=spec)
-    policy = envelope.spec.policy
-    renewals_open = envelope.accepting(now)
+    return envelope
+
+
+def _claims_in_view(
+    result: Reconciliation,
+    envelope: EnvelopeFacts,
+    status: ReservationEnvelopeStatus,
+    claims: Sequence[ClaimFacts],
+    departed: Mapping[str, LedgerEntry],
+    fresh: bool,
+) -> tuple[dict[str, ClaimFacts], View]:
+    """Step 0, continued: the claims this envelope decides on (claim uid -> facts) and
+    every line in view: the envelope's lines in flight, and those its claims hold."""
+    ledger, now = result.status, result.now
     # Each claim's facts carry what its ResourceClaim shows, set once here.
     # A claim seen deleted is gone, whatever a lagging view of the claims still shows.
     facts_by_uid = {
         c.uid: replace(_effective(c, envelope), devices=result.devices_seen.get(c.uid))
         for c in claims
-        if c.uid not in (departed or {})
+        if c.uid not in departed
     }
     # A claim joins its envelope by name, but is bound to the one that decided on it: bound
     # to an earlier envelope of this name (deleted since), it never moves this one's
@@ -351,12 +497,11 @@ def reconcile(
                 f"decided on by an earlier envelope {envelope.name} ({earlier}), since deleted: "
                 f"its replacement (UID {envelope.uid}) moves no capacity for this claim"
             )
-    # Every line in view: the envelope's lines in flight, and those its claims hold.
     view = merge(
         status.entries,
         status.stamp,
         {c.uid: c.line for c in facts_by_uid.values() if c.line is not None},
-        departed or {},
+        departed,
     )
     if not adds_up(view, status.claim_records):
         if not fresh:
@@ -367,36 +512,18 @@ def reconcile(
     ledger.entries = result.lines = view.lines
     result.before = {uid: line.model_copy(deep=True) for uid, line in view.lines.items()}
     result.new_lines_room = IN_FLIGHT_LIMIT - len(view.in_flight)
-    result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(view.in_flight.values(), dimensions)
-    committed = dict(ledger.totals.committed)
-    look_again: datetime | None = None
-    if ledger.closed_at is None:
-        # A Replenishing resource's consumption returns once its window has passed (a
-        # closed envelope's balance is recorded: it no longer moves).
-        committed, ledger.windows = expire_windows(committed, ledger.windows, result.contracts, now)
-        # A Reusable resource is never committed: what a ledger recorded as committed
-        # before its contract existed (every resource settled R − C) comes back.
-        committed = uncommit_reusable(committed, result.reusable)
-    # What a late completion may be charged from: the balance as last written (nothing in
-    # steps 1 and 2 draws it down), only while the envelope is open.
-    room = dict(ledger.totals.available) if renewals_open and result.admitted else None
-    # A compensation may move the balance until the envelope has closed; closing, with
-    # nothing held any more, a charge that waits for room takes what there is.
-    comp_room = (
-        dict(ledger.totals.available) if result.admitted and ledger.closed_at is None else None
+    result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(
+        view.in_flight.values(), result.dimensions
     )
-    last_call = not renewals_open and not _holds_any(ledger)
-    charges_waiting: dict[str, Decimal] = {}
+    return facts_by_uid, view
 
-    def compensate_line(line: LedgerEntry, facts: ClaimFacts) -> Moved:
-        """The compensations `facts` asks that `line` has not recorded (in place)."""
-        fits = _fits(result)
-        contracts = envelope.spec.contracts
-        return compensate(line, facts, contracts, fits, dimensions, comp_room, now, last_call)
 
-    # 1. Advance every admitted claim by its facts. A claim confirmed gone without settling
-    #    (its finalizer removed by hand) is advanced on what its entry recorded. Lines its
-    #    claims hold move at most MOVES_PER_PASS at a time (each move is written in flight).
+def _advance_held(books: _Books) -> None:
+    """Step 1: advance every admitted claim by its facts. A claim confirmed gone without
+    settling (its finalizer removed by hand) is advanced on what its entry recorded. Lines
+    its claims hold move at most MOVES_PER_PASS at a time (each move is written in flight)."""
+    result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
+    dimensions = result.dimensions
     moves, last = 0, None  # held lines that moved so far; the last held line advanced
 
     def count_move(uid: str | None) -> int:
@@ -405,21 +532,21 @@ def reconcile(
         if uid is None:
             return 0
         moved = footprint(ledger.entries[uid]) != footprint(result.before[uid])
-        if not moved and uid in facts_by_uid:
+        if not moved and uid in books.facts:
             return 0
         result.room_bytes -= projected_bytes(ledger.entries[uid], dimensions)
         return 1
 
     for uid, entry in list(ledger.entries.items()):
-        facts = facts_by_uid.get(uid)
+        facts = books.facts.get(uid)
         moves, last = moves + count_move(last), None
         if uid.startswith(LOST_PREFIX) and uid not in envelope.force_settle_gone:
             continue  # lost lines are settled by a person, by name, and only so
-        if uid not in view.in_flight:
+        if uid not in books.view.in_flight:
             if moves >= MOVES_PER_PASS or projected_bytes(entry, dimensions) > result.room_bytes:
                 _hold_as_is(result, uid, entry)
                 result.postponed.add(uid)
-                look_again = min(look_again or now + NEXT_MOVES, now + NEXT_MOVES)
+                books.again_at(now + NEXT_MOVES)
                 continue
             last = uid
         if facts is None:
@@ -429,35 +556,38 @@ def reconcile(
                 step = Step(
                     entry, _gone(uid, entry, envelope), now, None, result.reusable, result.windowed
                 )
-                close_retry_window(step, renewals_open)
+                close_retry_window(step, books.renewals_open)
                 result.events += step.events
                 continue
             facts = _gone(uid, entry, envelope)
         was_settled, was_adjusted = entry.settlement is not None, entry.adjustment is not None
-        result.events += _advance(result, entry, facts, policy, renewals_open, room)
+        result.events += books.advance(entry, facts)
         if not was_settled and entry.settlement is not None:
-            committed = add(committed, entry.consumed)
+            books.committed = add(books.committed, entry.consumed)
         if not was_adjusted:
-            committed = _adjusted(committed, entry)
+            books.committed = _adjusted(books.committed, entry)
         if was_settled:
             # Not in the pass that settles it: `room` is the balance from before the
             # settlement returned R − C, and a charge refused for it would be refused for
             # good where an operator that saw the settlement first applies it (review).
-            moved = compensate_line(entry, facts)
-            committed = moved.committed(committed)
-            charges_waiting = add(charges_waiting, moved.waiting)
+            moved = books.compensate(entry, facts)
+            books.committed = moved.committed(books.committed)
+            books.charges_waiting = add(books.charges_waiting, moved.waiting)
             result.events += moved.events
         elif entry.settlement is not None and facts.spec.compensations:
-            look_again = now  # the next pass applies them, on the balance written now
-        _keep_or_release_devices(result, uid, entry, facts, policy)
+            books.again_at(now)  # the next pass applies them, on the balance written now
+        _keep_or_release_devices(result, uid, entry, facts, books.policy)
     count_move(last)  # the last held line advanced is charged too
 
-    # 2. Settled claims whose record moved to their own status: only late facts remain. A
-    #    late completion that moves capacity brings the record back into the ledger, so
-    #    the adjustment is written with the totals it changes: exactly once.
-    terms = Terms(policy, dimensions, envelope.spec.contracts)
+
+def _late_facts_of_settled(books: _Books, quiet: QuietClaims | None) -> None:
+    """Step 2: settled claims whose record moved to their own status: only late facts
+    remain. A late completion that moves capacity brings the record back into the ledger,
+    so the adjustment is written with the totals it changes: exactly once."""
+    result, ledger = books.result, books.ledger
+    terms = Terms(books.policy, result.dimensions, books.envelope.spec.contracts)
     quiet_now: dict[str, ClaimFacts] = {}
-    for facts in facts_by_uid.values():
+    for facts in books.facts.values():
         record = facts.settled_record
         if facts.uid in ledger.entries or record is None:
             continue
@@ -469,43 +599,52 @@ def reconcile(
         # An adjustment that moves capacity waits until the record fits back in the
         # ledger: deferred, never recorded as "not applied" for a momentary lack of room.
         # (Sized only for a record that may still be adjusted: the check walks the ledger.)
-        adjust = room is None or not late_answer_wanted(record) or _has_room_for(result, record)
-        events = _advance(result, record, facts, policy, renewals_open, room, adjust)
+        adjust = (
+            books.room is None or not late_answer_wanted(record) or _has_room_for(result, record)
+        )
+        events = books.advance(record, facts, adjust)
         # A compensation that moves capacity comes back into the ledger the same way.
-        moved = compensate_line(record, facts)
-        charges_waiting = add(charges_waiting, moved.waiting)
+        moved = books.compensate(record, facts)
+        books.charges_waiting = add(books.charges_waiting, moved.waiting)
         if record == facts.settled_record:
             if stays_quiet(record, facts, adjust, events + moved.events):
                 quiet_now[facts.uid] = facts
             continue  # nothing new: its status already says all of it
         result.events += events + moved.events
         if not was_adjusted and record.adjustment is not None and record.adjustment.applied:
-            committed = _adjusted(committed, record)
+            books.committed = _adjusted(books.committed, record)
             ledger.entries[facts.uid] = record
         if moved.moves:
-            committed = moved.committed(committed)
+            books.committed = moved.committed(books.committed)
             ledger.entries[facts.uid] = record
         if facts.uid in ledger.entries:
             _charge(result, record)  # back in flight, with the totals it moved
         else:
             result.off_ledger[facts.uid] = record
-
     result.quiet = QuietClaims(terms, quiet_now)
 
-    # 2b. Child envelopes: settle the lines of those that closed (R − C returns here).
+
+def _settle_closed_children(books: _Books) -> None:
+    """Step 2b: child envelopes: settle the lines of those that closed (R − C returns
+    here)."""
+    envelope = books.envelope
     children = ChildLedger(
         ParentIdentity(ParentKind.ENVELOPE, envelope.name, envelope.uid),
-        ledger.children,
-        now,
-        committed,
+        books.ledger.children,
+        books.now,
+        books.committed,
         contracts=envelope.spec.contracts,
     )
     children_by_uid = {c.uid: c for c in envelope.children}
     settle_children(children, children_by_uid, envelope.force_settle_gone)
-    committed = children.committed
+    books.committed = children.committed
+    books.children = children
 
-    # 2c. Loans between siblings (policy.lending): record loans received, take back what
-    #     borrowers repaid, settle loans that are over.
+
+def _settle_sibling_loans(books: _Books) -> None:
+    """Step 2c: loans between siblings (policy.lending): record loans received, take back
+    what borrowers repaid, settle loans that are over."""
+    result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
     open_now = result.admitted and envelope.accepting(now)
     result.events += receive_loans(ledger, envelope.siblings, open_now, now)
     consumed_loans, loan_events = settle_loans(
@@ -515,23 +654,31 @@ def reconcile(
         now,
         result.reusable,
     )
-    committed = add(committed, consumed_loans)
+    books.committed = add(books.committed, consumed_loans)
     result.events += loan_events
 
-    # 3. Admit waiting claims and child envelopes in one queue order.
-    waiting = [
-        c for c in facts_by_uid.values() if c.uid not in ledger.entries and c.settled_record is None
+
+def _admit_the_queue(books: _Books) -> None:
+    """Step 3: admit waiting claims and child envelopes in one queue order."""
+    result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
+    children = books.children
+    assert children is not None  # step 2b made it
+    books.waiting = [
+        c for c in books.facts.values() if c.uid not in ledger.entries and c.settled_record is None
     ]
     children_waiting = waiting_children(envelope.children, ledger.children)
-    queue: list[ClaimFacts | ChildFacts] = [*waiting, *children_waiting]
+    queue: list[ClaimFacts | ChildFacts] = [*books.waiting, *children_waiting]
     queue.sort(key=lambda item: _queue_key(item).sort_key())
     blocked_by: str | None = None
-    balance = _totals(envelope, committed, ledger).available
+    balance = _totals(envelope, books.committed, ledger).available
     # A charge waiting for room has first call on it (a tenant cannot dodge an invoice by
     # holding its budget, nor by claiming what comes back first).
+    charges_waiting = books.charges_waiting
     balance = {k: max(v - charges_waiting.get(k, ZERO), ZERO) for k, v in balance.items()}
+    books.balance = balance
     result.charges_waiting = charges_waiting
     depth = ledger.parent.depth if ledger.parent is not None else 1
+    open_now = result.admitted and envelope.accepting(now)
     # Not open yet, but it may open: it admits no child, and still records the withdrawal
     # of a child closed or deleted meanwhile (the child may then go).
     may_open = not result.admitted and envelope.accepting(now) and not _withdrawn(result)
@@ -551,7 +698,12 @@ def reconcile(
         1 for c in children_waiting if c.uid not in ledger.children
     )
 
-    # 3b. Borrow what the queue is short of, or repay what is owed; lend what is spare.
+
+def _borrow_repay_or_lend(books: _Books) -> None:
+    """Step 3b: borrow what the queue is short of, or repay what is owed; lend what is
+    spare."""
+    result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
+    open_now = result.admitted and envelope.accepting(now)
     ledger.wants = None
     if result.short is not None and open_now and _has_parent_envelope(ledger.parent):
         head, short = result.short
@@ -559,14 +711,17 @@ def reconcile(
             resources=short, priority=head.spec.priority, since=head.created_at
         )
     if ledger.wants is None:
-        result.events += repay(ledger, balance)
+        result.events += repay(ledger, books.balance)
         lending = envelope.spec.policy.lending
         # It lends only while it owes nothing itself: loans never run in a cycle.
         if lending is not None and open_now and not borrowed_total(ledger):
-            result.events += lend(ledger, lending, envelope.siblings, balance, now)
+            result.events += lend(ledger, lending, envelope.siblings, books.balance, now)
 
-    # 4. Compact: a settled entry leaves the ledger once its claim's status carries the
-    #    same record, or once the claim is gone.
+
+def _compact(books: _Books) -> None:
+    """Step 4: a settled entry leaves the ledger once its claim's status carries the same
+    record, or once the claim is gone."""
+    ledger = books.ledger
     for uid in [u for u, e in ledger.entries.items() if e.phase.terminal]:
         held = ledger.entries[uid].devices
         if held is not None and not held.released:
@@ -574,39 +729,41 @@ def reconcile(
         kept = ledger.entries[uid].retry
         if kept is not None and kept.active:
             continue  # it holds capacity for the branch's next attempt
-        facts = facts_by_uid.get(uid)
+        facts = books.facts.get(uid)
         if facts is None or _carries(facts, ledger.entries[uid]):
             del ledger.entries[uid]
 
-    if charges_waiting and not renewals_open and not _holds_any(ledger):
+
+def _close_the_books(books: _Books) -> None:
+    """Step 4, continued: the totals, the envelope's own lifecycle, and when to look again
+    even without new facts."""
+    result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
+    if books.charges_waiting and not books.renewals_open and not _holds_any(ledger):
         # Its last call is the next pass: nothing else would wake it (a pass's own status
         # write does not). Not sooner: a wake-up per pass while claims still hold spins.
-        look_again = now
+        books.again_at(now)
     if ledger.closed_at is None:
-        ledger.windows = record_windows(committed, ledger.windows, result.contracts, now)
-    ledger.totals = _totals(envelope, committed, ledger)
+        ledger.windows = record_windows(books.committed, ledger.windows, result.contracts, now)
+    ledger.totals = _totals(envelope, books.committed, ledger)
     ledger.contracts = types(result.contracts)
     ledger.peak = raise_peak(ledger.peak, ledger.totals, result.contracts)
     _envelope_lifecycle(result, envelope, now)
-    ttl_moment = _settled_ttl(result, envelope, facts_by_uid.values(), now)
-    lookups = _next_lookups(result, envelope, facts_by_uid)
+    ttl_moment = _settled_ttl(result, envelope, books.facts.values(), now)
+    lookups = _next_lookups(result, envelope, books.facts)
     result.wake_at = min(
         (
             m
             for m in (
-                next_deadline(result, envelope, waiting),
+                next_deadline(result, envelope, books.waiting),
                 ttl_moment,
                 lookups,
                 next_return(ledger.windows) if ledger.closed_at is None else None,
-                look_again,
+                books.look_again,
             )
             if m is not None
         ),
         default=None,
     )
-    # 5. Where each line goes: in flight on the envelope, or to its claim alone.
-    _place(result, view, status, facts_by_uid)
-    return result
 
 
 def _place(
@@ -983,59 +1140,14 @@ def _admit_one(
     now: datetime,
 ) -> str | None:
     """Admit, reject or queue one waiting claim. Returns the name blocking the queue.
-    `available` is this pass's running balance: admitting a claim draws it down."""
+    `available` is this pass's running balance: admitting a claim draws it down.
+
+    Whether it may be admitted is decided before any would-be line is made for it: a queue
+    of hundreds behind a shortage or a cap waits (or is refused) without one each, every
+    pass; a refusal is recorded within the room it has (`_close_unadmitted`)."""
     spec, policy = facts.spec, envelope.spec.policy
-    if facts.cancelling:
-        reason = "DeletedWhilePending" if facts.deleting else "CancelledWhilePending"
-        _close_unadmitted(result, facts, ClaimPhase.RELEASED, reason, "pruned before it reserved")
+    if _settled_or_told_before_its_turn(result, envelope, facts, now):
         return blocked_by
-    problem = request_problem(spec.requests, envelope.spec.capacity) or device_problem(
-        spec.requests
-    )
-    if problem is not None:
-        _close_unadmitted(result, facts, ClaimPhase.REJECTED, problem.reason, problem.message)
-        return blocked_by
-    if not envelope.accepting(now) or _withdrawn(result):
-        _close_unadmitted(
-            result, facts, ClaimPhase.REJECTED, "EnvelopeClosed", "the envelope admits no claims"
-        )
-        return blocked_by
-    if not result.admitted:
-        result.pending[facts.uid] = Admission(
-            False, "EnvelopePending", result.status.queue_reason or "the envelope is not open yet"
-        )
-        return blocked_by
-    if facts.problem is not None:
-        result.pending[facts.uid] = Admission(False, "InvalidSpec", facts.problem)
-        return blocked_by
-    if spec.final:
-        _close_unadmitted(
-            result, facts, ClaimPhase.RELEASED, "FinishedBeforeAdmission", "finished unadmitted"
-        )
-        return blocked_by
-    if facts.duplicate_of is not None:
-        _close_unadmitted(
-            result,
-            facts,
-            ClaimPhase.REJECTED,
-            "DuplicateRequestId",
-            f"upstream.requestId {spec.upstream.request_id!r} is already claim "
-            f"{facts.duplicate_of!r}: a retried submission reuses that claim (hold(name=...) "
-            "is idempotent), a new attempt needs a new requestId",
-        )
-        return blocked_by
-    if queue_expired(facts.created_at, now, policy):
-        _close_unadmitted(
-            result,
-            facts,
-            ClaimPhase.REJECTED,
-            "MaxQueueAge",
-            f"still pending after {policy.max_queue_seconds}s",
-        )
-        return blocked_by
-    # Whether it may be admitted is decided before any would-be line is made for it: a
-    # queue of hundreds behind a shortage or a cap waits (or is refused) without one each,
-    # every pass; a refusal is recorded within the room it has (`_close_unadmitted`).
     entries = result.status.entries
     # A retry of a failed attempt may use what that attempt kept for it, ahead of the
     # queue when that is enough (the hold is its own).
@@ -1044,7 +1156,6 @@ def _admit_one(
     if blocked_by is not None and not (kept is not None and fits(spec.requests, balance)):
         result.pending[facts.uid] = QUEUED
         return blocked_by
-
     # Claims waiting for their devices in this pass count as admitted for the caps: each
     # has devices being allocated for it (found by review: caps were bypassed, and which
     # placeholder bound first decided the queue order).
@@ -1057,20 +1168,7 @@ def _admit_one(
         policy=policy,
     )
     if not decision.admitted:
-        if policy.fallback is Fallback.FAIL:
-            _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
-            return blocked_by
-        if decision.reason == "InsufficientCapacity":
-            refill = refill_note(shortage(spec.requests, available), result.status.windows)
-            if refill:
-                message = bounded(f"{decision.message} ({refill})", MESSAGE_LENGTH)
-                decision = replace(decision, message=message)
-        result.pending[facts.uid] = decision
-        if decision.reason == "InsufficientCapacity" and result.short is None:
-            result.short = (facts, shortage(spec.requests, available))
-        # Only a shortage blocks the queue behind it: a tentative-claim cap does not stop a
-        # dispatched claim, and the other caps stop everyone anyway.
-        return facts.name if decision.reason == "InsufficientCapacity" else blocked_by
+        return _not_admitted(result, facts, policy, decision, available, blocked_by)
     entry = _new_entry(facts, dict(spec.requests))
     if not _has_room_for(result, entry):
         result.pending[facts.uid] = MOVES_IN_FLIGHT  # never a refusal: it waits a pass
@@ -1080,34 +1178,150 @@ def _admit_one(
     entry.phase = ClaimPhase.TENTATIVE
     entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
     entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
-    wanted = device_counts(spec.requests)
     placed = result.devices_seen.get(facts.uid)
     if wants_devices_now(facts, policy) and (placed is None or not placed.held):
-        # Its logical room is kept while the scheduler looks for devices: the claim is
-        # admitted on the recorded allocation, never reported as held before it.
-        # The hold stays the failed attempt's until this one holds its devices (review):
-        # the claim needs from the balance only what the hold does not cover, and no
-        # other retry uses that hold in this pass.
-        if kept is not None:
-            result.holds_in_use.add(id(kept))
-            uncovered = {
-                k: max(v - kept.resources.get(k, ZERO), ZERO) for k, v in spec.requests.items()
-            }
-            available.update(subtract(available, uncovered))
-        else:
-            available.update(subtract(available, spec.requests))
-        result.device_holds[facts.uid] = wanted
-        result.awaiting.append(entry)
-        why = placed.waiting if placed is not None and placed.waiting else None
-        result.pending[facts.uid] = Admission(
-            False, "AwaitingDevices", why or "devices requested from the scheduler"
+        _await_devices(result, facts, entry, available, kept, placed)
+    else:
+        _reserve(result, envelope, facts, entry, available, kept, placed)
+    return blocked_by
+
+
+def _settled_or_told_before_its_turn(
+    result: Reconciliation, envelope: EnvelopeFacts, facts: ClaimFacts, now: datetime
+) -> bool:
+    """What settles a waiting claim, or keeps it waiting, whatever the queue and balance
+    say: cancelled, malformed, its envelope closed or not open yet, finished, a duplicate,
+    queued too long. True if it did (the claim's turn is over for this pass)."""
+    spec, policy = facts.spec, envelope.spec.policy
+    if facts.cancelling:
+        reason = "DeletedWhilePending" if facts.deleting else "CancelledWhilePending"
+        _close_unadmitted(result, facts, ClaimPhase.RELEASED, reason, "pruned before it reserved")
+        return True
+    problem = request_problem(spec.requests, envelope.spec.capacity) or device_problem(
+        spec.requests
+    )
+    if problem is not None:
+        _close_unadmitted(result, facts, ClaimPhase.REJECTED, problem.reason, problem.message)
+        return True
+    if not envelope.accepting(now) or _withdrawn(result):
+        _close_unadmitted(
+            result, facts, ClaimPhase.REJECTED, "EnvelopeClosed", "the envelope admits no claims"
         )
+        return True
+    if not result.admitted:
+        result.pending[facts.uid] = Admission(
+            False, "EnvelopePending", result.status.queue_reason or "the envelope is not open yet"
+        )
+        return True
+    if facts.problem is not None:
+        result.pending[facts.uid] = Admission(False, "InvalidSpec", facts.problem)
+        return True
+    if spec.final:
+        _close_unadmitted(
+            result, facts, ClaimPhase.RELEASED, "FinishedBeforeAdmission", "finished unadmitted"
+        )
+        return True
+    if facts.duplicate_of is not None:
+        _close_unadmitted(
+            result,
+            facts,
+            ClaimPhase.REJECTED,
+            "DuplicateRequestId",
+            f"upstream.requestId {spec.upstream.request_id!r} is already claim "
+            f"{facts.duplicate_of!r}: a retried submission reuses that claim (hold(name=...) "
+            "is idempotent), a new attempt needs a new requestId",
+        )
+        return True
+    if queue_expired(facts.created_at, now, policy):
+        _close_unadmitted(
+            result,
+            facts,
+            ClaimPhase.REJECTED,
+            "MaxQueueAge",
+            f"still pending after {policy.max_queue_seconds}s",
+        )
+        return True
+    return False
+
+
+def _not_admitted(
+    result: Reconciliation,
+    facts: ClaimFacts,
+    policy: EnvelopePolicy,
+    decision: Admission,
+    available: Mapping[str, Decimal],
+    blocked_by: str | None,
+) -> str | None:
+    """A claim the balance or a cap does not admit now: refused under fallback Fail, else
+    told why it waits. Returns the name blocking the queue: only a shortage blocks the queue
+    behind it (a tentative-claim cap does not stop a dispatched claim, and the other caps
+    stop everyone anyway)."""
+    spec = facts.spec
+    if policy.fallback is Fallback.FAIL:
+        _close_unadmitted(result, facts, ClaimPhase.REJECTED, decision.reason, decision.message)
         return blocked_by
+    if decision.reason != "InsufficientCapacity":
+        result.pending[facts.uid] = decision
+        return blocked_by
+    short = shortage(spec.requests, available)
+    refill = refill_note(short, result.status.windows)
+    if refill:
+        decision = replace(
+            decision, message=bounded(f"{decision.message} ({refill})", MESSAGE_LENGTH)
+        )
+    result.pending[facts.uid] = decision
+    if result.short is None:
+        result.short = (facts, short)
+    return facts.name
+
+
+def _await_devices(
+    result: Reconciliation,
+    facts: ClaimFacts,
+    entry: LedgerEntry,
+    available: dict[str, Decimal],
+    kept: RetryHold | None,
+    placed: DeviceFacts | None,
+) -> None:
+    """Admit a claim that must hold its devices first: its logical room is kept while the
+    scheduler looks for devices, and it is admitted on the recorded allocation, never
+    reported as held before it. The hold stays the failed attempt's until this one holds
+    its devices (review): the claim needs from the balance only what the hold does not
+    cover, and no other retry uses that hold in this pass."""
+    requests = facts.spec.requests
+    if kept is not None:
+        result.holds_in_use.add(id(kept))
+        uncovered = {k: max(v - kept.resources.get(k, ZERO), ZERO) for k, v in requests.items()}
+        available.update(subtract(available, uncovered))
+    else:
+        available.update(subtract(available, requests))
+    result.device_holds[facts.uid] = device_counts(requests)
+    result.awaiting.append(entry)
+    why = placed.waiting if placed is not None and placed.waiting else None
+    result.pending[facts.uid] = Admission(
+        False, "AwaitingDevices", why or "devices requested from the scheduler"
+    )
+
+
+def _reserve(
+    result: Reconciliation,
+    envelope: EnvelopeFacts,
+    facts: ClaimFacts,
+    entry: LedgerEntry,
+    available: dict[str, Decimal],
+    kept: RetryHold | None,
+    placed: DeviceFacts | None,
+) -> None:
+    """Admit the claim: its line holds R (with the devices it holds, if any) and the
+    balance is drawn down. A claim created already dispatched (the lazy strategy)
+    reserves and commits at once."""
+    requests = facts.spec.requests
+    wanted = device_counts(requests)
     if wanted and placed is not None and placed.node is not None:
         entry.devices = DeviceHold(node=placed.node, devices=list(placed.devices))
-    available.update(subtract(_take(available, kept, facts), spec.requests))
+    available.update(subtract(_take(available, kept, facts), requests))
     _charge(result, entry)
-    entries[facts.uid] = entry
+    result.status.entries[facts.uid] = entry
     where = ""
     if entry.devices is not None:
         where = f" with devices {', '.join(entry.devices.devices)} on {entry.devices.node}"
@@ -1117,11 +1331,10 @@ def _admit_one(
             facts.uid, facts.name, "Reserved", f"capacity reserved{where}", False, entry.phase
         )
     )
-    # A claim created already dispatched (the lazy strategy) reserves and commits at once.
-    result.events += _advance(result, entry, facts, policy, envelope.accepting(now))
+    policy = envelope.spec.policy
+    result.events += _advance(result, entry, facts, policy, envelope.accepting(result.now))
     if entry.handed_off_at is not None:
         result.handed_off[facts.uid] = entry.handed_off_to or ""
-    return blocked_by
 
 
 def _retry_hold_for(
