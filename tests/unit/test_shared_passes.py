@@ -73,7 +73,7 @@ def test_a_failed_pass_fails_for_those_who_shared_it_and_is_not_kept() -> None:
         )
         assert all(isinstance(o, LedgerStuckError) for o in outcomes)
         assert {str(o) for o in outcomes} == {"pass 1", "pass 2"}
-        assert not writer._last_pass and not writer._waiting  # nothing kept once served
+        assert not writer._last_pass and not writer._waiting and not writer._locks  # nor kept
         with pytest.raises(LedgerStuckError, match="pass 3"):
             await writer.reconcile_once("ns", "wf")
         return writer

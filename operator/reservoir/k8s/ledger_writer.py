@@ -457,9 +457,10 @@ class LedgerWriter:
                 return outcome
         finally:
             self._waiting[key] -= 1
-            if not self._waiting[key]:  # no one left to share it with
+            if not self._waiting[key]:  # no one left to share it with, or holding the lock
                 del self._waiting[key]
                 self._last_pass.pop(key, None)
+                del self._locks[key]  # kept only while in use: envelopes come and go
 
     async def _converge(self, namespace: str, envelope: str) -> Reconciliation | None:
         """Passes until one is not a conflict (bounded, with jittered back-off)."""
