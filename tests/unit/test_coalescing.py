@@ -856,10 +856,6 @@ def histories(
             max_size=8,
         )
     )
-    # The envelope's close lands first in its instant: a heartbeat seen before the close
-    # renews a lease, one seen with it does not, and no record orders the two (an open
-    # question, not audited here; the close took no effect in this audit before issue 21).
-    instants = [(tick, sorted(ws, key=lambda w: w.kind != "close")) for tick, ws in instants]
     # Claims to write about from the start (more are created later).
     first = draw(st.lists(claim_creates, min_size=1, max_size=claims))
     outcomes = st.sampled_from(["Succeeded", "Failed", "Failed", "Cancelled"])
@@ -956,8 +952,6 @@ def provider_histories(draw: st.DrawFn) -> History:
             max_size=10,
         )
     )
-    # The close lands first in its instant, as in `histories` (the open question there).
-    instants = [(tick, sorted(ws, key=lambda w: w.kind != "close")) for tick, ws in instants]
     first = draw(st.lists(provider_creates, min_size=1, max_size=MAX_CLAIMS))
     return History(envelope, [(0, first), *instants])
 
@@ -1225,5 +1219,35 @@ def test_a_heartbeat_seen_with_the_cancel_renews_as_if_seen_first() -> None:
             entry = run.entry("c0")
             assert entry is not None and entry.renewals == 1, first  # at t=8 only
             assert entry.cancel_requested_at == T0 + timedelta(seconds=8)
+            assert entry.expires_at == T0 + timedelta(seconds=17)
+            assert entry.phase is ClaimPhase.DETACHED
+
+
+def test_a_heartbeat_seen_with_the_close_renews_as_if_seen_first() -> None:
+    """As for the cancel: the envelope's close and a heartbeat land in one instant. The
+    pass that first records the close (its Open condition turned False at that time) still
+    grants the heartbeat, seen with the close or after it; a later one is refused."""
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(
+            capacity={"tokens": 100, "gpu": 0},
+            policy=EnvelopePolicy(default_lease_seconds=9, ambiguity_deadline_seconds=5),
+        ),
+        created_at=T0,
+    )
+    for first, then in (("heartbeat", "close"), ("close", "heartbeat")):
+        history = History(
+            envelope,
+            [
+                (0, [Write("create", 0, (20, 0, True, 0, "Dispatch", 0))]),
+                (8, [Write(first, 0, 1), Write(then, 0, 1)]),
+                (5, [Write("heartbeat", 0, 2)]),
+                (10, [Write("usage", 0, 4)]),
+            ],
+        )
+        every_step, coalesced = play(history, only_last)
+        assert compare(every_step, coalesced) == 1
+        for run in (every_step, coalesced):
+            entry = run.entry("c0")
+            assert entry is not None and entry.renewals == 1, first  # at t=8 only
             assert entry.expires_at == T0 + timedelta(seconds=17)
             assert entry.phase is ClaimPhase.DETACHED

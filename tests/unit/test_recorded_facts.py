@@ -265,13 +265,14 @@ def test_renewal_stops_for_cancelled_claims_closed_envelopes_and_foreign_holders
     sim = Sim(default_lease_seconds=30)
     sim.create("a", lease={"holder": "w1"}).reconcile().dispatch("a").reconcile()
     expires = sim.entry("a").expires_at
+    # The cancel or close is recorded in a pass before the heartbeat's (one seen with it
+    # renews: no record orders the two; test_coalescing's test_a_heartbeat_seen_with_...).
     if why == "cancel":
-        # Recorded in a pass before the heartbeat's (one seen with it renews: no record
-        # orders the two; test_coalescing's test_a_heartbeat_seen_with_the_cancel_...).
         sim.cancel("a")
         sim.reconcile()
     elif why == "close":
         sim.close()
+        sim.reconcile()
     holder = "w2" if why == "holder" else "w1"
     sim.claims["a"] = sim.claims["a"].__class__(
         **{**sim.claims["a"].__dict__, "heartbeat": "t1", "heartbeat_holder": holder}

@@ -323,10 +323,12 @@ def advance(
     adjust: bool = True,
     reusable: frozenset[str] = frozenset(),
     windowed: frozenset[str] = frozenset(),
+    closed_just_now: bool = False,
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
-    deleting): its claims' leases are not extended. `dimensions` are the envelope's
+    deleting): its claims' leases are not extended, except for a heartbeat seen in the pass
+    that first records it (`closed_just_now`, see `renew_lease`). `dimensions` are the envelope's
     resources, the only ones reports are recorded over. `room` is what the envelope has
     available for a late completion's charge (drawn down here); None: it cannot adjust,
     only record. `adjust` False defers a late completion to a later pass altogether.
@@ -353,7 +355,7 @@ def advance(
     if facts.force_settle is not None and not entry.phase.terminal:
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
-        renew_lease(step, policy, renewals_open)
+        renew_lease(step, policy, renewals_open or closed_just_now)
     else:
         # Settled in this pass: a failed attempt's hold made while the envelope no longer
         # admits goes back at once, before the envelope records its balance (issue 21 #6:
@@ -831,7 +833,10 @@ def force_settle(step: Step, why: str) -> None:
 def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None:
     """A new heartbeat token from the holder asks for a renewal; the operator decides.
     Renewal stops when the branch is cancelled, its envelope stops admitting work, or the
-    heartbeat comes from someone other than the claim's named holder."""
+    heartbeat comes from someone other than the claim's named holder. A heartbeat seen in
+    the pass that first records the cancel or the close is granted: no record orders the
+    two, and the lease must end alike whether the operator saw them one by one or together
+    (found by the coalescing audit)."""
     entry, facts = step.entry, step.facts
     if facts.heartbeat is None or facts.heartbeat == entry.heartbeat:
         return
@@ -857,10 +862,7 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
 
 
 def cancel_recorded_now(step: Step) -> bool:
-    """The cancel was first recorded at this pass's time. A heartbeat seen with it may have
-    been sent before the cancel was asked, and no record orders the two: it is renewed as if
-    seen first, so the lease ends alike whether the operator saw them one by one or together
-    (found by the coalescing audit). Every later heartbeat is refused."""
+    """The cancel was first recorded at this pass's time (see `renew_lease`)."""
     return step.entry.cancel_requested_at == step.now
 
 
