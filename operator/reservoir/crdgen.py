@@ -98,6 +98,7 @@ def crd(
     selectable: tuple[str, ...] = (),
     root_rules: list[dict[str, str]] | None = None,
     scope: str = "Namespaced",
+    status_default: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     version: dict[str, Any] = {
         "name": API_VERSION,
@@ -143,6 +144,7 @@ def crd(
                                 "status": {
                                     **structural(status),
                                     "description": "Written by the operator only.",
+                                    **({"default": status_default} if status_default else {}),
                                 },
                             },
                         }
@@ -231,6 +233,9 @@ def claim_crd() -> dict[str, Any]:
         # `kubectl get bclaim --field-selector spec.envelope=wf`, and the operator's list
         selectable=(".spec.envelope", ".spec.branch", ".spec.upstream.requestId"),
         root_rules=[SETTLEMENT_IS_PERMANENT],
+        # Every claim reads Pending from its creation, before (or without) any status write:
+        # a claim that only waits its turn is told why only once it has waited a while.
+        status_default={"phase": "Pending"},
     )
 
 

@@ -6,6 +6,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import kopf
@@ -57,6 +58,8 @@ class Services:
         writer.transition_events = TransitionEvents(
             os.environ.get("RESERVOIR_TRANSITION_EVENTS") or TransitionEvents.EXCEPTIONS
         )
+        after = int(os.environ.get("RESERVOIR_QUEUE_REASON_AFTER") or 0)
+        writer.queue_reason_after = timedelta(seconds=max(after, 0))
         watched = os.environ.get("RESERVOIR_WATCHED_NAMESPACES") or ""
         pools = PoolWriter(
             client,

@@ -78,6 +78,9 @@ class OperatorProcess:
                     "0",
                     "--liveness",
                     f"http://127.0.0.1:{self.port}/healthz",
+                    # Tests read why claims wait as soon as they wait (a test's own
+                    # --queue-reason-after, later on the line, wins).
+                    "--queue-reason-after=0",
                     *extra,
                 ],
                 stdout=out,

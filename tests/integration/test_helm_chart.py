@@ -129,6 +129,7 @@ def test_the_deployment_runs_hardened_with_probes_and_peering() -> None:
         "--metrics-auth=kubernetes",
         "--placeholder-priority-class=reservoir-placeholder",
         "--transition-events=exceptions",
+        "--queue-reason-after=10",
         "--restrict-placement",
         "--allowed-toleration-key=nvidia.com/gpu",
         "--allowed-node-label-key=kubernetes.io/hostname",

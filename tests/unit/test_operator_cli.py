@@ -49,6 +49,7 @@ def test_help_lists_every_flag_with_its_default() -> None:
         "--placeholder-priority-class": "reservoir-placeholder",
         "--all-namespaces": "False",
         "--transition-events": "exceptions",
+        "--queue-reason-after": "10",
         "--provider-allow": "[]",
         "--provider-max-in-flight": "32",
         "--provider-max-in-flight-per-namespace": "4",

@@ -114,6 +114,17 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         "claim) or 'all' (every move: about four more). Every move is recorded in the "
         "claim's status history and counted by the metrics either way",
     )
+    parser.add_argument(
+        "--queue-reason-after",
+        metavar="SECONDS",
+        type=int,
+        default=10,
+        help="how long a claim that only waits its turn (queued behind others, at a cap, "
+        "short of capacity) shows just 'Pending' (the CRD's default status) before the "
+        "operator writes why it waits: a claim admitted sooner costs no status write for "
+        "its wait. Problems (an invalid spec, unplaceable devices, a missing envelope) are "
+        "written at once. 0: every wait at once",
+    )
     providers = parser.add_argument_group(
         "HTTP providers",
         "which envelope provider URLs (policy.provider) the operator may call, and how often",
@@ -271,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RESERVOIR_PROBE_NAMESPACE"] = args.namespace[0] if args.namespace else ""
     os.environ["RESERVOIR_WATCHED_NAMESPACES"] = ",".join(args.namespace or [])
     os.environ["RESERVOIR_TRANSITION_EVENTS"] = args.transition_events
+    os.environ["RESERVOIR_QUEUE_REASON_AFTER"] = str(max(args.queue_reason_after, 0))
     os.environ["RESERVOIR_PROVIDER_ALLOW"] = ",".join(allowed_entries(args.provider_allow))
     os.environ["RESERVOIR_PROVIDER_MAX_IN_FLIGHT"] = str(args.provider_max_in_flight)
     os.environ["RESERVOIR_PROVIDER_MAX_IN_FLIGHT_PER_NAMESPACE"] = str(

@@ -8,7 +8,7 @@ from ever changing once written)."""
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from reservoir.core.conditions import Desired, merge_conditions
@@ -90,6 +90,28 @@ def claim_status(
         ),
         observed_generation=generation,
     )
+
+
+# The reasons a claim waits its turn: behind others, at a cap, for room. Each passes on its
+# own as claims ahead of it settle; nothing is asked of the claim's author.
+WAITS_ITS_TURN = frozenset(
+    {"Queued", "MaxActiveClaims", "MaxTentativeClaims", "InsufficientCapacity", "MovesInFlight"}
+)
+# A claim's status before the operator wrote any: the CRD's default, phase Pending alone.
+UNTOLD = BranchClaimStatus()
+
+
+def wait_told_at(
+    pending: Admission, previous: BranchClaimStatus | None, created_at: datetime, after: timedelta
+) -> datetime | None:
+    """When a waiting claim's status is to say why it waits: None for at once. A claim that
+    only waits its turn and was told nothing yet keeps its default status (Pending) for
+    `after` from its creation: one admitted sooner costs no status write for its wait
+    (a queue of hundreds, most admitted in seconds, wrote each one's reason). A problem,
+    or a claim already told something, is told at once."""
+    if pending.reason not in WAITS_ITS_TURN or previous != UNTOLD or after <= timedelta(0):
+        return None
+    return created_at + after
 
 
 def set_aside(

@@ -41,7 +41,7 @@ from lightkube.types import PatchType
 from reservoir import metrics
 from reservoir.core.borrowing import LOAN_EVENTS, SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
-from reservoir.core.claimstatus import claim_status, set_aside
+from reservoir.core.claimstatus import claim_status, set_aside, wait_told_at
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.devices import DeviceFacts, device_occupancy, has_device_resources
 from reservoir.core.inflight import ClaimViewBehindError, EnvelopeBehindError, counts, newest
@@ -367,6 +367,9 @@ class LedgerWriter:
         # Which moves post an Event (each is an API write; the claim's status records
         # every move either way).
         self.transition_events = TransitionEvents.EXCEPTIONS
+        # How long a claim that only waits its turn keeps its default status (Pending)
+        # before its reason is written (--queue-reason-after; 0 here: tests and tools).
+        self.queue_reason_after = timedelta(0)
         # Wakes a pool's writer when one of its envelopes wrote news (set at start-up).
         self.poke_pool: Callable[[str], None] = lambda _name: None
 
@@ -1137,6 +1140,13 @@ class LedgerWriter:
                 continue
             if entry is None and pending is None:
                 continue  # bound to a replaced envelope, its status unreadable: left alone
+            due = None
+            if entry is None and pending is not None and problems.get(uid) is None:
+                created = read.parse_time(meta["creationTimestamp"])
+                due = wait_told_at(pending, previous, created, self.queue_reason_after)
+            if due is not None and now < due:
+                wake = min(wake or due, due)  # its default status says Pending until then
+                continue
             if deleting and previous is not None and previous.settlement is not None:
                 continue  # settled and going: its status already says so
             wanted = claim_status(
