@@ -1196,9 +1196,8 @@ def test_a_heartbeat_seen_with_the_cancel_or_close_renews_as_if_seen_first(ender
     (or the envelope's close) land in one instant; its lease (9 s) would end at t=9. Every
     step saw the heartbeat first (renewed: Committed at t=9); coalesced saw both and
     refused the renewal (Detached at t=9). No record orders the two, so both renew, in
-    either order; a heartbeat after the pass that recorded the cancel (the claim's
-    cancelRequestedAt) or the close (the envelope's Open condition) is refused, and the
-    lease then lapses in both runs."""
+    either order; a heartbeat after the pass that recorded the stop on the claim's line
+    (renewalsStoppedAt) is refused, and the lease then lapses in both runs."""
     envelope = EnvelopeFacts(
         spec=ReservationEnvelopeSpec(
             capacity={"tokens": 100, "gpu": 0},
@@ -1224,5 +1223,4 @@ def test_a_heartbeat_seen_with_the_cancel_or_close_renews_as_if_seen_first(ender
             assert entry is not None and entry.renewals == 1, first  # at t=8 only
             assert entry.expires_at == T0 + timedelta(seconds=17)
             assert entry.phase is ClaimPhase.DETACHED
-            if ender == "cancel":
-                assert entry.cancel_requested_at == T0 + timedelta(seconds=8)
+            assert entry.renewals_stopped_at == T0 + timedelta(seconds=8)

@@ -12,6 +12,7 @@ from decimal import Decimal
 
 import pytest
 
+from reservoir.core.inflight import MOVES_PER_PASS
 from reservoir.core.model import MAX_LEDGER_ENTRIES
 from reservoir.core.model import ClaimPhase as P
 from reservoir.core.reconcile import reconcile
@@ -373,3 +374,53 @@ def test_a_cancel_waiting_on_a_pod_releases_once_the_pod_is_gone_without_running
     assert sim.reasons("a").count("CancelRequested") == 1, "recorded once"
     sim.no_pod("a").reconcile()
     assert (sim.phase("a"), sim.available()) == (P.RELEASED, "100")
+
+
+@pytest.mark.parametrize("ender", ["cancel", "close"])
+def test_a_heartbeat_seen_with_the_stop_renews_though_the_claim_write_was_lost(
+    ender: str,
+) -> None:
+    """Found by review: the close was read from the envelope's status, so a crash after the
+    envelope's write and before the claim's lost the renewal granted with it, and the next
+    pass refused the same heartbeat. The stop is recorded on the claim's own line, in the
+    same write as the renewal: lost together, decided again alike."""
+    outcomes = []
+    for crash in (False, True):
+        sim = Sim(default_lease_seconds=30)
+        sim.create("a").reconcile().write_lines().tick()
+        sim.dispatch("a").reconcile().write_lines().tick()
+        sim.reconcile().write_lines().tick()
+        assert "a" not in sim.status.entries  # its line is the claim's alone
+        sim.close() if ender == "close" else sim.cancel("a")
+        sim.heartbeat("a", "t1").reconcile()  # records the stop, grants the heartbeat
+        if not crash:
+            sim.write_lines()  # the claim's status write lands
+        sim.tick().reconcile().write_lines()
+        entry = sim.entry("a")
+        assert entry.renewals_stopped_at is not None
+        outcomes.append((entry.renewals, "RenewalRefused" in sim.reasons("a")))
+    assert outcomes == [(1, False), (1, False)]
+
+
+def test_a_heartbeat_seen_with_the_close_renews_when_its_line_waits_a_pass() -> None:
+    """Found by review: a line left for the next pass (MOVES_PER_PASS moves already in
+    this one) was judged against the close recorded a pass earlier, and its heartbeat,
+    seen with the close, was refused where an uncrowded pass granted it."""
+    sim = Sim(capacity={"tokens": "100000"}, default_lease_seconds=30)
+    names = [f"b{i:03d}" for i in range(MOVES_PER_PASS + 44)] + ["z"]
+    for name in names:
+        sim.create(name, requests={"tokens": "1"})
+    for _ in range(12):
+        sim.reconcile().write_lines().tick()
+    for name in names:
+        sim.dispatch(name)
+    for _ in range(12):
+        sim.reconcile().write_lines().tick()
+    for name in names[:-1]:
+        sim.usage(name, tokens="1", final=True)
+    sim.close().heartbeat("z", "t1").reconcile().write_lines()
+    assert "z" in sim.last.postponed  # the crowded pass left z's line for the next
+    sim.tick().reconcile().write_lines()
+    assert sim.entry("z").renewals == 1 and "RenewalRefused" not in sim.reasons("z")
+    sim.tick().heartbeat("z", "t2").reconcile()  # a later heartbeat is refused
+    assert sim.entry("z").renewals == 1 and "RenewalRefused" in sim.reasons("z")

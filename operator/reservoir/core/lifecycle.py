@@ -323,16 +323,15 @@ def advance(
     adjust: bool = True,
     reusable: frozenset[str] = frozenset(),
     windowed: frozenset[str] = frozenset(),
-    closed_just_now: bool = False,
 ) -> list[LedgerEvent]:
     """Advance one admitted claim's entry by its facts, in place. Returns what happened.
     `renewals_open` is False when the envelope no longer admits work (closed, expired,
-    deleting): its claims' leases are not extended, except for a heartbeat seen in the pass
-    that first records it (`closed_just_now`, see `renew_lease`). `dimensions` are the envelope's
-    resources, the only ones reports are recorded over. `room` is what the envelope has
-    available for a late completion's charge (drawn down here); None: it cannot adjust,
-    only record. `adjust` False defers a late completion to a later pass altogether.
-    `reusable` and `windowed` are the envelope's Reusable and Replenishing resources."""
+    deleting): its claims' leases are not extended (see `record_renewals_stop`).
+    `dimensions` are the envelope's resources, the only ones reports are recorded over.
+    `room` is what the envelope has available for a late completion's charge (drawn down
+    here); None: it cannot adjust, only record. `adjust` False defers a late completion
+    to a later pass altogether. `reusable` and `windowed` are the envelope's Reusable and
+    Replenishing resources."""
     step = Step(entry, facts, now, dimensions, reusable, windowed)
     if entry.phase.terminal:
         record_answer(step, policy)
@@ -355,7 +354,8 @@ def advance(
     if facts.force_settle is not None and not entry.phase.terminal:
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
-        renew_lease(step, policy, renewals_open or closed_just_now)
+        record_renewals_stop(step, renewals_open)
+        renew_lease(step, policy)
     else:
         # Settled in this pass: a failed attempt's hold made while the envelope no longer
         # admits goes back at once, before the envelope records its balance (issue 21 #6:
@@ -830,7 +830,23 @@ def force_settle(step: Step, why: str) -> None:
     step.note("ForceSettled", f"settled by annotation: {why}", warning=True)
 
 
-def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None:
+def record_renewals_stop(step: Step, renewals_open: bool) -> None:
+    """Renewal stops when the branch is cancelled or its envelope stops admitting work: the
+    line records when the operator first saw it stop, in the pass that first advances the
+    line after it (a line left for a later pass records it then), and forgets it if the
+    envelope opens again. Recorded on the line, not read from the envelope, so the claim's
+    one status write carries the stop and any renewal granted with it (found by review: a
+    close read from the envelope's status decided otherwise after a crash between the
+    envelope's write and the claim's, or when the line waited for a later pass)."""
+    entry = step.entry
+    stopped = step.facts.cancelling or not renewals_open
+    if stopped and entry.renewals_stopped_at is None:
+        entry.renewals_stopped_at = step.now
+    elif not stopped:
+        entry.renewals_stopped_at = None
+
+
+def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
     """A new heartbeat token from the holder asks for a renewal; the operator decides.
     Renewal stops when the branch is cancelled, its envelope stops admitting work, or the
     heartbeat comes from someone other than the claim's named holder. A heartbeat seen in
@@ -844,9 +860,9 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
     holder = facts.spec.lease.holder
     if entry.phase is ClaimPhase.DETACHED:
         refusal = "LeaseLapsed", "a Detached claim is not re-attached by a heartbeat"
-    elif facts.cancelling and not cancel_recorded_now(step):
+    elif stopped_before(step) and facts.cancelling:
         refusal = "Cancelled", "the branch is cancelled: its lease is not extended"
-    elif not renewals_open:
+    elif stopped_before(step):
         refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
     elif holder is not None and facts.heartbeat_holder != holder:
         refusal = "NotHolder", f"the Lease is held by {facts.heartbeat_holder!r}, not {holder!r}"
@@ -861,9 +877,10 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
     step.note("RenewalRefused", f"{refusal[0]}: {refusal[1]}", warning=True)
 
 
-def cancel_recorded_now(step: Step) -> bool:
-    """The cancel was first recorded at this pass's time (see `renew_lease`)."""
-    return step.entry.cancel_requested_at == step.now
+def stopped_before(step: Step) -> bool:
+    """Renewals stopped before this pass (see `renew_lease`)."""
+    stopped = step.entry.renewals_stopped_at
+    return stopped is not None and stopped < step.now
 
 
 def record_after_settlement(step: Step) -> None:

@@ -310,7 +310,7 @@ def reconcile(
     result.windowed = of_type(result.contracts, ContractType.REPLENISHING)
     envelope = _where_capacity_comes_from(result, envelope)
     facts_by_uid, view = _claims_in_view(result, envelope, status, claims, departed or {}, fresh)
-    books = _Books.open(result, envelope, status, facts_by_uid, view)
+    books = _Books.open(result, envelope, facts_by_uid, view)
     _advance_held(books)
     _late_facts_of_settled(books, quiet)
     _settle_closed_children(books)
@@ -341,9 +341,6 @@ class _Books:
     # nothing held any more, a charge that waits for room takes what there is.
     comp_room: dict[str, Decimal] | None
     last_call: bool
-    # It stopped admitting work at this pass's time, as its recorded status says
-    # (`_closed_just_now`): a heartbeat seen now may still renew (lifecycle.renew_lease).
-    closed_just_now: bool
     charges_waiting: dict[str, Decimal] = field(default_factory=dict)
     look_again: datetime | None = None
     children: ChildLedger | None = None  # its child envelopes' lines (step 2b)
@@ -355,11 +352,9 @@ class _Books:
         cls,
         result: Reconciliation,
         envelope: EnvelopeFacts,
-        status: ReservationEnvelopeStatus,
         facts: dict[str, ClaimFacts],
         view: View,
     ) -> _Books:
-        """`status` is the envelope's status as read (before this pass)."""
         ledger, now = result.status, result.now
         committed = dict(ledger.totals.committed)
         if ledger.closed_at is None:
@@ -382,7 +377,6 @@ class _Books:
             room=dict(available) if open_now and result.admitted else None,
             comp_room=dict(available) if result.admitted and ledger.closed_at is None else None,
             last_call=not open_now and not _holds_any(ledger),
-            closed_just_now=not open_now and _closed_just_now(status, now),
         )
 
     @property
@@ -410,14 +404,7 @@ class _Books:
         self, entry: LedgerEntry, facts: ClaimFacts, adjust: bool = True
     ) -> list[LedgerEvent]:
         return _advance(
-            self.result,
-            entry,
-            facts,
-            self.policy,
-            self.renewals_open,
-            self.room,
-            adjust,
-            self.closed_just_now,
+            self.result, entry, facts, self.policy, self.renewals_open, self.room, adjust
         )
 
     def compensate(self, line: LedgerEntry, facts: ClaimFacts) -> Moved:
@@ -433,16 +420,6 @@ class _Books:
             self.now,
             self.last_call,
         )
-
-
-def _closed_just_now(status: ReservationEnvelopeStatus, now: datetime) -> bool:
-    """Whether the envelope's recorded status says it was open until `now`: read Open (this
-    pass is the first to see it stop admitting), or its Open condition turned False at
-    `now` (a pass at this same time recorded it)."""
-    if status.phase is EnvelopePhase.OPEN:
-        return True
-    opened = next((c for c in status.conditions if c.type == "Open"), None)
-    return opened is not None and opened.status == "False" and opened.last_transition_time == now
 
 
 def _where_capacity_comes_from(result: Reconciliation, envelope: EnvelopeFacts) -> EnvelopeFacts:
@@ -874,7 +851,6 @@ def _advance(
     renewals_open: bool,
     room: dict[str, Decimal] | None = None,
     adjust: bool = True,
-    closed_just_now: bool = False,
 ) -> list[LedgerEvent]:
     """lifecycle.advance with the envelope's resources and their contracts."""
     return advance(
@@ -888,7 +864,6 @@ def _advance(
         adjust,
         result.reusable,
         result.windowed,
-        closed_just_now,
     )
 
 

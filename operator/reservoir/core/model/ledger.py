@@ -237,6 +237,13 @@ class LedgerEntry(Model):
             "(or while a workload pod could still start)."
         ),
     )
+    renewals_stopped_at: datetime | None = Field(
+        default=None,
+        description=(
+            "When the operator first saw its lease renewals stop (the claim cancelled, or its "
+            "envelope no longer admitting work): a heartbeat seen in that pass still renews."
+        ),
+    )
     pod_started_late: bool = Field(
         default=False,
         description="A workload pod was bound or ran after the claim settled (a late fact).",
