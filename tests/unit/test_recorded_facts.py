@@ -7,13 +7,14 @@ operator sees every step.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 
 from reservoir.core.inflight import MOVES_PER_PASS
-from reservoir.core.model import MAX_LEDGER_ENTRIES
+from reservoir.core.model import MAX_LEDGER_ENTRIES, ReservationEnvelopeSpec
 from reservoir.core.model import ClaimPhase as P
 from reservoir.core.reconcile import reconcile
 from reservoir.k8s.facts import (
@@ -424,3 +425,41 @@ def test_a_heartbeat_seen_with_the_close_renews_when_its_line_waits_a_pass() -> 
     assert sim.entry("z").renewals == 1 and "RenewalRefused" not in sim.reasons("z")
     sim.tick().heartbeat("z", "t2").reconcile()  # a later heartbeat is refused
     assert sim.entry("z").renewals == 1 and "RenewalRefused" in sim.reasons("z")
+
+
+def test_renewals_stopped_by_a_close_stay_stopped_if_the_envelope_opens_again() -> None:
+    """Found by review: the stop was forgotten when the envelope opened again, so a close,
+    an opening and a close again refused or granted the heartbeat seen with the second
+    close by whether the operator saw the envelope open in between. Stopped for good."""
+    outcomes = []
+    for sees in ({3, 4, 5}, {3, 5}):
+        sim = Sim(default_lease_seconds=30)
+        sim.create("a").reconcile().write_lines().tick()
+        sim.dispatch("a").reconcile().write_lines().tick()
+        sim.reconcile().write_lines().tick()
+        for t, state in ((3, "Closed"), (4, "Open"), (5, "Closed")):
+            spec = {**sim.envelope.spec.model_dump(), "state": state}
+            sim.envelope = replace(sim.envelope, spec=ReservationEnvelopeSpec.model_validate(spec))
+            if t == 5:
+                sim.heartbeat("a", "h")
+            if t in sees:
+                sim.reconcile().write_lines()
+            sim.tick()
+        sim.reconcile()
+        outcomes.append((sim.entry("a").renewals, "RenewalRefused" in sim.reasons("a")))
+    assert outcomes == [(0, True), (0, True)]
+
+
+def test_an_operator_whose_clock_is_behind_grants_no_renewal_after_the_stop() -> None:
+    """Found by review: a new leader whose clock was behind the recorded stop granted every
+    heartbeat until its clock passed it. Only the pass that recorded the stop grants."""
+    sim = Sim(default_lease_seconds=30)
+    sim.create("a").reconcile().write_lines().tick()
+    sim.dispatch("a").reconcile().write_lines().tick()
+    sim.reconcile().write_lines().tick()
+    sim.cancel("a").reconcile().write_lines()
+    sim.tick(-3)  # the new leader's clock
+    for index in range(3):
+        sim.heartbeat("a", f"h{index}").reconcile().write_lines().tick()
+    assert sim.entry("a").renewals == 0
+    assert sim.reasons("a").count("RenewalRefused") == 3

@@ -355,7 +355,7 @@ def advance(
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
         record_renewals_stop(step, renewals_open)
-        renew_lease(step, policy)
+        renew_lease(step, policy, renewals_open)
     else:
         # Settled in this pass: a failed attempt's hold made while the envelope no longer
         # admits goes back at once, before the envelope records its balance (issue 21 #6:
@@ -833,37 +833,45 @@ def force_settle(step: Step, why: str) -> None:
 def record_renewals_stop(step: Step, renewals_open: bool) -> None:
     """Renewal stops when the branch is cancelled or its envelope stops admitting work: the
     line records when the operator first saw it stop, in the pass that first advances the
-    line after it (a line left for a later pass records it then), and forgets it if the
-    envelope opens again. Recorded on the line, not read from the envelope, so the claim's
-    one status write carries the stop and any renewal granted with it (found by review: a
-    close read from the envelope's status decided otherwise after a crash between the
-    envelope's write and the claim's, or when the line waited for a later pass)."""
+    line after it (a line left for a later pass records it then). Recorded on the line, not
+    read from the envelope, so the claim's one status write carries the stop and any renewal
+    granted with it (found by review: a close read from the envelope's status decided
+    otherwise after a crash between the envelope's write and the claim's, or when the line
+    waited for a later pass). Once stopped, stopped for good: an envelope opened again
+    does not restart renewals of the claims it held (whether the operator saw it open in
+    between must not matter; found by review)."""
     entry = step.entry
     stopped = step.facts.cancelling or not renewals_open
     if stopped and entry.renewals_stopped_at is None:
         entry.renewals_stopped_at = step.now
-    elif not stopped:
-        entry.renewals_stopped_at = None
 
 
-def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
+def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None:
     """A new heartbeat token from the holder asks for a renewal; the operator decides.
     Renewal stops when the branch is cancelled, its envelope stops admitting work, or the
-    heartbeat comes from someone other than the claim's named holder. A heartbeat seen in
-    the pass that first records the cancel or the close is granted: no record orders the
-    two, and the lease must end alike whether the operator saw them one by one or together
-    (found by the coalescing audit)."""
+    heartbeat comes from someone other than the claim's named holder.
+
+    A heartbeat seen in the pass that first records the stop is granted: nothing orders a
+    heartbeat and a cancel (or close) written between two passes, and refusing it would
+    lapse a lease its holder renewed in good faith; granting errs toward holding. What
+    stays observation-dependent is inherent (see the README's Heartbeats): a heartbeat
+    written after a stop the operator never saw on its own is granted once."""
     entry, facts = step.entry, step.facts
     if facts.heartbeat is None or facts.heartbeat == entry.heartbeat:
         return
     entry.heartbeat = facts.heartbeat
     holder = facts.spec.lease.holder
+    # Stopped in an earlier pass. Compared by equality: an operator whose clock is behind
+    # the recorded time (a new leader) grants nothing more (found by review).
+    stopped = entry.renewals_stopped_at is not None and entry.renewals_stopped_at != step.now
     if entry.phase is ClaimPhase.DETACHED:
         refusal = "LeaseLapsed", "a Detached claim is not re-attached by a heartbeat"
-    elif stopped_before(step) and facts.cancelling:
+    elif stopped and facts.cancelling:
         refusal = "Cancelled", "the branch is cancelled: its lease is not extended"
-    elif stopped_before(step):
+    elif stopped and not renewals_open:
         refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
+    elif stopped:
+        refusal = "RenewalsStopped", "renewals stopped when the envelope closed: not resumed"
     elif holder is not None and facts.heartbeat_holder != holder:
         refusal = "NotHolder", f"the Lease is held by {facts.heartbeat_holder!r}, not {holder!r}"
     else:
@@ -875,12 +883,6 @@ def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
             return
         refusal = decision.reason, decision.message
     step.note("RenewalRefused", f"{refusal[0]}: {refusal[1]}", warning=True)
-
-
-def stopped_before(step: Step) -> bool:
-    """Renewals stopped before this pass (see `renew_lease`)."""
-    stopped = step.entry.renewals_stopped_at
-    return stopped is not None and stopped < step.now
 
 
 def record_after_settlement(step: Step) -> None:
