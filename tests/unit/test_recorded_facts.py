@@ -427,27 +427,33 @@ def test_a_heartbeat_seen_with_the_close_renews_when_its_line_waits_a_pass() -> 
     assert sim.entry("z").renewals == 1 and "RenewalRefused" in sim.reasons("z")
 
 
-def test_renewals_stopped_by_a_close_stay_stopped_if_the_envelope_opens_again() -> None:
-    """Found by review: the stop was forgotten when the envelope opened again, so a close,
-    an opening and a close again refused or granted the heartbeat seen with the second
-    close by whether the operator saw the envelope open in between. Stopped for good."""
+def set_state(sim: Sim, state: str) -> None:
+    spec = {**sim.envelope.spec.model_dump(), "state": state}
+    sim.envelope = replace(sim.envelope, spec=ReservationEnvelopeSpec.model_validate(spec))
+
+
+def test_a_brief_close_seen_or_not_changes_renewals_by_one_at_most() -> None:
+    """Found by review: renewals stopped for good by a close, the envelope opened again a
+    second later, lapsed the lease of a holder that kept renewing (Detached) where an
+    operator that missed the close renewed it all along. The stop is forgotten once the
+    envelope admits work again."""
     outcomes = []
-    for sees in ({3, 4, 5}, {3, 5}):
-        sim = Sim(default_lease_seconds=30)
+    for saw_close in (True, False):
+        sim = Sim(default_lease_seconds=10)
         sim.create("a").reconcile().write_lines().tick()
         sim.dispatch("a").reconcile().write_lines().tick()
         sim.reconcile().write_lines().tick()
-        for t, state in ((3, "Closed"), (4, "Open"), (5, "Closed")):
-            spec = {**sim.envelope.spec.model_dump(), "state": state}
-            sim.envelope = replace(sim.envelope, spec=ReservationEnvelopeSpec.model_validate(spec))
-            if t == 5:
-                sim.heartbeat("a", "h")
-            if t in sees:
-                sim.reconcile().write_lines()
-            sim.tick()
-        sim.reconcile()
-        outcomes.append((sim.entry("a").renewals, "RenewalRefused" in sim.reasons("a")))
-    assert outcomes == [(0, True), (0, True)]
+        set_state(sim, "Closed")
+        if saw_close:
+            sim.reconcile().write_lines()
+        sim.tick()
+        set_state(sim, "Open")
+        for index in range(30):
+            sim.heartbeat("a", f"h{index}").reconcile().write_lines().tick()
+        entry = sim.entry("a")
+        assert entry.renewals_stopped_at is None
+        outcomes.append((entry.phase, entry.renewals, sim.total("reserved")))
+    assert outcomes[0] == outcomes[1] == (P.COMMITTED, 30, "20")
 
 
 def test_an_operator_whose_clock_is_behind_grants_no_renewal_after_the_stop() -> None:

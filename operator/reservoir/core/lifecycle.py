@@ -355,7 +355,7 @@ def advance(
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
         record_renewals_stop(step, renewals_open)
-        renew_lease(step, policy, renewals_open)
+        renew_lease(step, policy)
     else:
         # Settled in this pass: a failed attempt's hold made while the envelope no longer
         # admits goes back at once, before the envelope records its balance (issue 21 #6:
@@ -833,20 +833,23 @@ def force_settle(step: Step, why: str) -> None:
 def record_renewals_stop(step: Step, renewals_open: bool) -> None:
     """Renewal stops when the branch is cancelled or its envelope stops admitting work: the
     line records when the operator first saw it stop, in the pass that first advances the
-    line after it (a line left for a later pass records it then). Recorded on the line, not
-    read from the envelope, so the claim's one status write carries the stop and any renewal
-    granted with it (found by review: a close read from the envelope's status decided
-    otherwise after a crash between the envelope's write and the claim's, or when the line
-    waited for a later pass). Once stopped, stopped for good: an envelope opened again
-    does not restart renewals of the claims it held (whether the operator saw it open in
-    between must not matter; found by review)."""
+    line after it (a line left for a later pass records it then), and forgets it once the
+    envelope admits work again. Recorded on the line, not read from the envelope, so the
+    claim's one status write carries the stop and any renewal granted with it (found by
+    review: a close read from the envelope's status decided otherwise after a crash between
+    the envelope's write and the claim's). Forgotten on reopening, so a brief close the
+    operator saw, or did not, differs by one heartbeat at most (review: kept for good, it
+    lapsed the lease of a holder that renewed all along, where an operator that missed the
+    close kept renewing it)."""
     entry = step.entry
     stopped = step.facts.cancelling or not renewals_open
     if stopped and entry.renewals_stopped_at is None:
         entry.renewals_stopped_at = step.now
+    elif not stopped:
+        entry.renewals_stopped_at = None
 
 
-def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None:
+def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
     """A new heartbeat token from the holder asks for a renewal; the operator decides.
     Renewal stops when the branch is cancelled, its envelope stops admitting work, or the
     heartbeat comes from someone other than the claim's named holder.
@@ -854,8 +857,9 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
     A heartbeat seen in the pass that first records the stop is granted: nothing orders a
     heartbeat and a cancel (or close) written between two passes, and refusing it would
     lapse a lease its holder renewed in good faith; granting errs toward holding. What
-    stays observation-dependent is inherent (see the README's Heartbeats): a heartbeat
-    written after a stop the operator never saw on its own is granted once."""
+    stays observation-dependent, by one renewal at most, is inherent (see the README's
+    Heartbeats): a heartbeat written after a stop the operator did not record on its own
+    line before it (never seen alone, or its line left for a later pass) is granted once."""
     entry, facts = step.entry, step.facts
     if facts.heartbeat is None or facts.heartbeat == entry.heartbeat:
         return
@@ -868,10 +872,8 @@ def renew_lease(step: Step, policy: EnvelopePolicy, renewals_open: bool) -> None
         refusal = "LeaseLapsed", "a Detached claim is not re-attached by a heartbeat"
     elif stopped and facts.cancelling:
         refusal = "Cancelled", "the branch is cancelled: its lease is not extended"
-    elif stopped and not renewals_open:
-        refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
     elif stopped:
-        refusal = "RenewalsStopped", "renewals stopped when the envelope closed: not resumed"
+        refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
     elif holder is not None and facts.heartbeat_holder != holder:
         refusal = "NotHolder", f"the Lease is held by {facts.heartbeat_holder!r}, not {holder!r}"
     else:
