@@ -396,6 +396,12 @@ class _Books:
         """It admits work: leases may be renewed (reservoir.core.lifecycle)."""
         return self.envelope.accepting(self.now)
 
+    @property
+    def open_now(self) -> bool:
+        """Open: its parent (or pool) holds its capacity and it admits work (claims,
+        children, loans)."""
+        return self.result.admitted and self.renewals_open
+
     def again_at(self, moment: datetime) -> None:
         """Look again at `moment` at the latest, even without new facts."""
         self.look_again = min(self.look_again or moment, moment)
@@ -645,8 +651,7 @@ def _settle_sibling_loans(books: _Books) -> None:
     """Step 2c: loans between siblings (policy.lending): record loans received, take back
     what borrowers repaid, settle loans that are over."""
     result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
-    open_now = result.admitted and envelope.accepting(now)
-    result.events += receive_loans(ledger, envelope.siblings, open_now, now)
+    result.events += receive_loans(ledger, envelope.siblings, books.open_now, now)
     consumed_loans, loan_events = settle_loans(
         ledger,
         {s.uid: s for s in envelope.siblings},
@@ -678,16 +683,16 @@ def _admit_the_queue(books: _Books) -> None:
     books.balance = balance
     result.charges_waiting = charges_waiting
     depth = ledger.parent.depth if ledger.parent is not None else 1
-    open_now = result.admitted and envelope.accepting(now)
     # Not open yet, but it may open: it admits no child, and still records the withdrawal
     # of a child closed or deleted meanwhile (the child may then go).
-    may_open = not result.admitted and envelope.accepting(now) and not _withdrawn(result)
+    may_open = not result.admitted and books.renewals_open and not _withdrawn(result)
     for item in queue:
         if isinstance(item, ChildFacts):
             if not (may_open and item.accepting):
                 blocked_by = admit_child(
-                    children, item, balance, envelope.spec.capacity, depth, open_now, blocked_by
-                )
+                    children, item, balance, envelope.spec.capacity, depth, books.open_now,
+                    blocked_by,
+                )  # fmt: skip
             continue
         blocked_by = _admit_one(result, envelope, item, balance, blocked_by, now)
     result.events += children.events
@@ -703,7 +708,7 @@ def _borrow_repay_or_lend(books: _Books) -> None:
     """Step 3b: borrow what the queue is short of, or repay what is owed; lend what is
     spare."""
     result, ledger, envelope, now = books.result, books.ledger, books.envelope, books.now
-    open_now = result.admitted and envelope.accepting(now)
+    open_now = books.open_now
     ledger.wants = None
     if result.short is not None and open_now and _has_parent_envelope(ledger.parent):
         head, short = result.short
