@@ -377,6 +377,14 @@ def test_a_cancel_waiting_on_a_pod_releases_once_the_pod_is_gone_without_running
     assert (sim.phase("a"), sim.available()) == (P.RELEASED, "100")
 
 
+def dispatched_and_held_by_its_claim(sim: Sim) -> None:
+    """Claim "a" admitted, dispatched, and its line retired from the envelope's record in
+    flight: from here, a move of it that changes no totals is its own status write alone."""
+    sim.create("a").reconcile().write_lines().tick()
+    sim.dispatch("a").reconcile().write_lines().tick()
+    sim.reconcile().write_lines().tick()
+
+
 @pytest.mark.parametrize("ender", ["cancel", "close"])
 def test_a_heartbeat_seen_with_the_stop_renews_though_the_claim_write_was_lost(
     ender: str,
@@ -388,9 +396,7 @@ def test_a_heartbeat_seen_with_the_stop_renews_though_the_claim_write_was_lost(
     outcomes = []
     for crash in (False, True):
         sim = Sim(default_lease_seconds=30)
-        sim.create("a").reconcile().write_lines().tick()
-        sim.dispatch("a").reconcile().write_lines().tick()
-        sim.reconcile().write_lines().tick()
+        dispatched_and_held_by_its_claim(sim)
         assert "a" not in sim.status.entries  # its line is the claim's alone
         sim.close() if ender == "close" else sim.cancel("a")
         sim.heartbeat("a", "t1").reconcile()  # records the stop, grants the heartbeat
@@ -440,9 +446,7 @@ def test_a_brief_close_seen_or_not_changes_renewals_by_one_at_most() -> None:
     outcomes = []
     for saw_close in (True, False):
         sim = Sim(default_lease_seconds=10)
-        sim.create("a").reconcile().write_lines().tick()
-        sim.dispatch("a").reconcile().write_lines().tick()
-        sim.reconcile().write_lines().tick()
+        dispatched_and_held_by_its_claim(sim)
         set_state(sim, "Closed")
         if saw_close:
             sim.reconcile().write_lines()
@@ -460,9 +464,7 @@ def test_an_operator_whose_clock_is_behind_grants_no_renewal_after_the_stop() ->
     """Found by review: a new leader whose clock was behind the recorded stop granted every
     heartbeat until its clock passed it. Only the pass that recorded the stop grants."""
     sim = Sim(default_lease_seconds=30)
-    sim.create("a").reconcile().write_lines().tick()
-    sim.dispatch("a").reconcile().write_lines().tick()
-    sim.reconcile().write_lines().tick()
+    dispatched_and_held_by_its_claim(sim)
     sim.cancel("a").reconcile().write_lines()
     sim.tick(-3)  # the new leader's clock
     for index in range(3):
