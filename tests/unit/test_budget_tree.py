@@ -172,9 +172,10 @@ def test_a_sub_agent_returns_r_minus_c_to_its_planner() -> None:
         {"tokens": 37},
         {"tokens": 23},
     )
-    # The planner's line was compacted once the sub-agent carried it; later passes return
+    # The planner keeps no copy once the sub-agent carries its line; later passes return
     # nothing twice.
-    assert run.line("planner", "sub-agent") is None
+    assert run.of("planner").children == {}
+    assert run.line("planner", "sub-agent") == settled
     world.tick()
     run.round()
     assert run.totals("planner") == planner
@@ -422,22 +423,30 @@ def test_deleting_a_tree_closes_it_all_the_way_down(deleted: str) -> None:
         assert run.of(name).phase is EnvelopePhase.CLOSED, (name, run.of(name).phase)
 
 
-def test_a_pool_holds_at_most_its_cap_of_open_envelopes() -> None:
+def test_a_pool_admits_more_envelopes_than_its_status_could_ever_list() -> None:
+    """Each envelope holds its own line: the pool records at most half its bound of new
+    lines in flight at once, and the rest are admitted as the first ones are recorded by
+    their envelopes (issue 23: no cap tied to one object's size)."""
     world = World.with_pool({"tokens": 10_000})
     run = Run(world)
     run.books.check = lambda: None  # type: ignore[method-assign]  # quadratic; not the point
-    open_cap = pool_lines(frozenset({"tokens"})) // 2
-    count = open_cap + 1
+    bound = pool_lines(frozenset({"tokens"}))
+    count = bound + 1  # more than its status could list
     for n in range(count):
-        world.create_envelope(f"e{n:03}", {"tokens": 1})
-        world.tick()
-    run.round()
-    run.round()
-    assert run.pool.totals.reserved == {"tokens": open_cap}
-    last = world.uid(f"e{count - 1:03}")
+        world.create_envelope(f"e{n:04}", {"tokens": 1})
+    world.tick()
+    run.reconcile_pool()
     assert run.pool_result is not None
-    assert run.pool_result.pending[last].reason == "MaxChildren"
+    assert len(run.pool.children) == bound // 2  # the rest wait for room in flight
+    last = world.uid(f"e{count - 1:04}")
+    assert run.pool_result.pending[last].reason == "MovesInFlight"
     assert run.status(last).parent is None
+    run.settle(max_rounds=20)
+    assert run.pool.totals.reserved == {"tokens": count}
+    assert run.pool.children == {}  # every envelope holds its line
+    assert run.pool.child_records is not None and run.pool.child_records.count == count
+    assert run.pool.summary.live == count
+    assert all(run.status(world.uid(f"e{n:04}")).phase is EnvelopePhase.OPEN for n in range(count))
 
 
 # --- found by this audit (fixed by 83f1478 while it was written) ---------------------------

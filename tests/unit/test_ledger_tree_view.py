@@ -117,25 +117,37 @@ def settled_line(name: str, reserved: dict[str, str], consumed: dict[str, str]) 
     )
 
 
-def from_envelope(parent: str, depth: int, settled: ChildEntry | None = None) -> ParentRecord:
+def from_envelope(
+    parent: str,
+    depth: int,
+    settled: ChildEntry | None = None,
+    reserved: dict[str, str] | None = None,
+    stamp: int = 1,
+) -> ParentRecord:
     return ParentRecord(
         kind=ParentKind.ENVELOPE,
         name=parent,
         uid=f"uid-{parent}",
         depth=depth,
         admitted_at=T0,
+        reserved=q(reserved or {}),
+        stamp=stamp,
         settled=settled,
     )
 
 
-WRITE_LINE = settled_line("write", {"tokens": "30k", "cost": "3"}, {"tokens": "12k", "cost": "1"})
+WRITE_LINE = settled_line(
+    "write", {"tokens": "30k", "cost": "3"}, {"tokens": "12k", "cost": "1"}
+).model_copy(update={"stamp": 2})
+CHILD_CAPACITY = {"tokens": "30k", "cost": "3"}
 
 
 def two_levels(write_line_compacted: bool = False) -> list[dict[str, Any]]:
     """planner (drawn from pool tenant-a) with one claim and three children: search (open,
     one claim), write (closed: C = tokens 12k cost 1 stays committed in planner, R − C
-    returned) and late (waiting for room)."""
-    children = {"uid-search": reserved_line("search", {"tokens": "30k", "cost": "3"})}
+    returned) and late (waiting for room). Search holds its line; write's settlement is in
+    flight in planner until write records it (`write_line_compacted`)."""
+    children = {}
     if not write_line_compacted:
         children["uid-write"] = WRITE_LINE
     planner = ReservationEnvelopeStatus(
@@ -155,7 +167,7 @@ def two_levels(write_line_compacted: bool = False) -> list[dict[str, Any]]:
         phase=EnvelopePhase.OPEN,
         totals=totals({"tokens": "30k", "cost": "3"}, reserved={"tokens": "10k", "cost": "1"}),
         entries={"uid-q1": entry("q1", ClaimPhase.TENTATIVE, {"tokens": "10k", "cost": "1"})},
-        parent=from_envelope("planner", 2),
+        parent=from_envelope("planner", 2, reserved=CHILD_CAPACITY),
     )
     write = ReservationEnvelopeStatus(
         phase=EnvelopePhase.CLOSED,
@@ -169,7 +181,9 @@ def two_levels(write_line_compacted: bool = False) -> list[dict[str, Any]]:
                 reason="Completed",
             )
         },
-        parent=from_envelope("planner", 2, WRITE_LINE if write_line_compacted else None),
+        parent=from_envelope(
+            "planner", 2, WRITE_LINE if write_line_compacted else None, CHILD_CAPACITY
+        ),
         balance_released=q({"tokens": "18k", "cost": "2"}),
     )
     late = ReservationEnvelopeStatus(
@@ -209,7 +223,12 @@ class FakeClient:
     async def list(
         self, kind: Any, namespace: str | None = None, fields: dict[str, str] | None = None
     ) -> AsyncIterator[dict[str, Any]]:
-        ((field, value),) = (fields or {}).items()
+        if not fields:  # a whole namespace
+            for obj in self.objects[kind]:
+                if obj["metadata"].get("namespace") == namespace:
+                    yield obj
+            return
+        ((field, value),) = fields.items()
         if field == "metadata.name":  # a fresh read of one object
             for obj in self.objects[kind]:
                 if obj["metadata"]["name"] == value:
@@ -564,13 +583,7 @@ def pool_object() -> dict[str, Any]:
             committed={"tokens": "12k", "cost": "1"},
             reserved={"tokens": "100k", "cost": "10"},
         ),
-        children={
-            "uid-planner": ChildEntry(
-                envelope="planner",
-                namespace="team-a",
-                phase=ChildPhase.RESERVED,
-                reserved=q({"tokens": "100k", "cost": "10"}),
-            ),
+        children={  # planner holds its line; old's settlement is in flight
             "uid-old": ChildEntry(
                 envelope="old",
                 namespace="team-b",
@@ -591,7 +604,19 @@ def pool_object() -> dict[str, Any]:
 
 
 async def test_a_pool_shows_its_totals_and_each_envelopes_line() -> None:
-    pool = await sdk_over(FakeClient([], pools=[pool_object()])).pool("tenant-a")
+    """Lines in flight on the pool, and those its envelopes hold (listed by namespace)."""
+    planner = envelope("planner", ReservationEnvelopeStatus())
+    planner["status"] = ReservationEnvelopeStatus(
+        phase=EnvelopePhase.OPEN,
+        parent=ParentRecord(
+            kind=ParentKind.POOL,
+            name="tenant-a",
+            uid="uid-tenant-a",
+            admitted_at=T0,
+            reserved=q({"tokens": "100k", "cost": "10"}),
+        ),
+    ).to_api()
+    pool = await sdk_over(FakeClient([planner], pools=[pool_object()])).pool("tenant-a")
     shown = show_pool(pool)
     lines = shown.split("\n")
     assert lines[0] == "pool tenant-a: namespaces team-a, team-b; 1 envelope(s) waiting"

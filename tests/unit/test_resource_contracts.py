@@ -18,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from reservoir.core.childlines import LOST_CHILDREN_PREFIX
 from reservoir.core.contracts import resolve, summary
 from reservoir.core.model import (
     WINDOW_SLICES,
@@ -540,7 +541,11 @@ def test_a_gone_child_force_settled_gives_its_reusable_capacity_back() -> None:
     world.create_envelope("sub", {"concurrency": 2, GPU: 8, "tokens": 60}, parent="planner")
     run.settle()
     run.remove_finalizer_by_hand("sub")
-    world.force_settle_gone("planner", "sub")
+    run.settle()
+    # Its line went with it: what it held stays held, as one line a person settles by name.
+    (lost,) = [uid for uid in run.of("planner").children if uid.startswith(LOST_CHILDREN_PREFIX)]
+    assert run.totals("planner").reserved == {"concurrency": 2, GPU: 8, "tokens": 60}
+    world.force_settle_gone("planner", lost)
     run.settle()
     totals = run.totals("planner")
     assert totals.committed == {"concurrency": 0, GPU: 0, "tokens": 60}

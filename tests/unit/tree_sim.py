@@ -45,6 +45,7 @@ from typing import Any
 from reservoir.core import borrowing
 from reservoir.core.borrowing import SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
+from reservoir.core.childlines import current, line_of
 from reservoir.core.claimstatus import claim_status, settled_record
 from reservoir.core.lifecycle import ClaimFacts
 from reservoir.core.model import (
@@ -314,7 +315,7 @@ def may_go(result: Reconciliation) -> bool:
     and mirrored, or withdrawn, or never admitted and its parent gone)."""
     status = result.status
     live = [e for e in status.entries.values() if not e.phase.terminal]
-    live += [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
+    live += [c for c in result.child_lines.values() if c.phase is ChildPhase.RESERVED]
     return not live and not result.children_unsettled and result.done_upward
 
 
@@ -434,7 +435,7 @@ class Run:
         envelopes = [
             child_facts(e, s, self.world.now)
             for e, s in snap.envelopes.values()
-            if e.spec.parent is None or e.uid in self.pool.children
+            if e.spec.parent is None or e.uid in self.pool.children or drawn_from(s, pool.uid)
         ]
         self.pool_result = reconcile_pool(pool, self.pool, envelopes, self.world.now)
         self.pool = self.pool_result.status
@@ -510,8 +511,24 @@ class Run:
         return self.pool.totals if name == POOL else self.of(name).totals
 
     def line(self, parent: str, child: str) -> ChildEntry | None:
-        lines = self.pool.children if parent == POOL else self.of(parent).children
-        return lines.get(self.world.uid(child))
+        key = POOL if parent == POOL else self.world.uid(parent)
+        return self.lines(key).get(self.world.uid(child))
+
+    def lines(self, parent: str) -> dict[str, ChildEntry]:
+        """Every line of a parent's ledger (POOL or an envelope's uid): in flight there,
+        else as its child holds it (reservoir.core.childlines)."""
+        if parent == POOL:
+            in_flight = self.pool.children
+            uid = self.world.pool.uid if self.world.pool is not None else ""
+        else:
+            in_flight, uid = self.status(parent).children, parent
+        held = {
+            child: line
+            for child in self.live()
+            if (line := line_of(self.status(child).parent, "", "", uid)) is not None
+        }
+        found = {u: current(in_flight.get(u), held.get(u)) for u in {*in_flight, *held}}
+        return {u: line for u, line in found.items() if line is not None}
 
     def claim(self, name: str) -> LedgerEntry | None:
         facts = self.world.claims[name]
@@ -617,7 +634,7 @@ class Books:
         run = self.run
         if run.pool.totals.capacity:
             check_totals("pool", run.pool.totals)
-        self._lines(POOL, run.pool.children)
+        self._lines(POOL, run.lines(POOL))
         self._committed(POOL, run.pool.totals, (), run.pool)
         for uid in run.live():
             status = run.status(uid)
@@ -631,10 +648,10 @@ class Books:
         run, envelope = self.run, self.run.world.envelopes[uid]
         totals = status.totals
         check_totals(uid, totals)
-        reserved, reconciling = held(status.entries.values(), status.children.values())
+        reserved, reconciling = held(status.entries.values(), run.lines(uid).values())
         assert same(totals.reserved, reserved), f"{uid}: reserved {totals.reserved} != {reserved}"
         assert same(totals.reconciling, reconciling), uid
-        self._lines(uid, status.children)
+        self._lines(uid, run.lines(uid))
         self._loans(uid, status)
         self._borrowed(uid, status)
         # claims: admitted once, settled once
@@ -659,7 +676,7 @@ class Books:
         if not admitted:
             live = [e for e in status.entries.values() if e.first_reserved_at is not None]
             assert not live, f"{uid} admitted claims before its parent held its capacity"
-            assert not [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
+            assert not [c for c in run.lines(uid).values() if c.phase is ChildPhase.RESERVED]
         if record is not None:
             first_record = record.model_copy(update={"settled": None})
             known = self.records.setdefault(uid, first_record)
@@ -693,7 +710,7 @@ class Books:
             # may show Closing again for a while: test_a_closed_envelope_stays_closed.)
             assert status.phase not in (EnvelopePhase.OPEN, EnvelopePhase.PENDING), uid
             late = [e for e in status.entries.values() if e.phase.holds_capacity]
-            late += [c for c in status.children.values() if c.phase is ChildPhase.RESERVED]
+            late += [c for c in run.lines(uid).values() if c.phase is ChildPhase.RESERVED]
             assert not late, f"{uid} admitted after it closed: {late}"
             if first is closed:  # as it closed: R − C, or nothing if it never held anything
                 # (with loans: what it still owes was consumed by its claims, so its
@@ -710,7 +727,8 @@ class Books:
             key = (parent, child)
             if line.phase is ChildPhase.RESERVED:
                 assert key not in self.line_settled, f"{key}: a settled line reopened"
-                reserved = (line.reserved_at, dict(line.reserved))
+                # (when: the parent's time in flight, the child's once it holds the line)
+                reserved = (None, dict(line.reserved))
                 assert self.line_reserved.setdefault(key, reserved) == reserved, key
                 # R is the child's capacity when it was reserved (a root's may grow since)
                 envelope = self.run.world.envelopes.get(child)
@@ -778,9 +796,7 @@ class Books:
         admitted, and no Reserved line is left for an envelope that is gone."""
         run = self.run
         reserved: dict[str, list[str]] = {}
-        for parent, lines in [(POOL, run.pool.children)] + [
-            (u, run.status(u).children) for u in run.live()
-        ]:
+        for parent, lines in [(POOL, run.lines(POOL))] + [(u, run.lines(u)) for u in run.live()]:
             for child, line in lines.items():
                 if line.phase is ChildPhase.RESERVED:
                     reserved.setdefault(child, []).append(parent)
@@ -1029,6 +1045,10 @@ class Books:
                     assert same(loan.consumed, record.consumed), f"{pair}: {loan} != {record}"
                     if record.closed_at is None:
                         assert not still_owed(record), f"{pair}: settled while owed"
+
+
+def drawn_from(status: ReservationEnvelopeStatus, uid: str) -> bool:
+    return status.parent is not None and status.parent.uid == uid
 
 
 def parent_key(record: ParentRecord) -> str:

@@ -487,9 +487,11 @@ def tree_lines(tree: EnvelopeTree, level: int = 1) -> list[str]:
     view = tree.envelope
     lines = envelope_ledger(view, tree.claims)
     if level >= MAX_DEPTH or tree.children is None:
-        if view.status.children:
+        records = view.status.child_records
+        below = len(view.status.children) + (records.count if records is not None else 0)
+        if below:
             lines.append(
-                f"\n({len(view.status.children)} child envelope line(s) below the depth bound "
+                f"\n({below} child envelope line(s) below the depth bound "
                 f"of {MAX_DEPTH} not shown: run `ledger` on a child)"
             )
         return lines
@@ -526,6 +528,8 @@ def show_pool(pool: PoolView) -> str:
         header += f"; {waiting} envelope(s) waiting"
     totals = totals_table(status.totals, pool.contracts, pool.peak, pool.window_seconds)
     lines = [header, totals, *window_lines(pool.windows, pool.window_seconds), ""]
+    if not pool.complete:
+        lines.append("(some namespaces could not be listed: their envelopes' lines are missing)")
     rows = [["ENVELOPE", "PHASE", "RESERVED", "CONSUMED", "RELEASED", "SETTLED"]]
     rows += sorted(
         [
@@ -536,7 +540,7 @@ def show_pool(pool: PoolView) -> str:
             render(entry.released) or "-",
             entry.reason or "-",
         ]
-        for entry in status.children.values()
+        for entry in pool.lines().values()
     )
     lines.append(table(rows) if len(rows) > 1 else "(no envelopes in the pool's ledger)")
     return "\n".join(lines)

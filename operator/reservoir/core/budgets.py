@@ -15,6 +15,10 @@ Two sides, each deciding only on recorded facts:
   its settled line once the parent recorded it. That record is the arbiter: a parent
   whose child recorded another parent returns its line untouched.
 
+Each line lives on its child once the child recorded it; the parent holds it only while a
+move of it is in flight (reservoir.core.childlines), so the rules here run on the pass's
+view of every line and a parent has no cap on its children.
+
 Nothing here knows Kubernetes: a parent is a kind, a name and a UID.
 """
 
@@ -79,24 +83,30 @@ class ParentIdentity:
 
 @dataclass
 class ChildLedger:
-    """A parent's child lines being reconciled, and what the pass did to them."""
+    """A parent's child lines being reconciled (every line in view: those in flight and
+    those its children hold, see reservoir.core.childlines), and what the pass did."""
 
     parent: ParentIdentity
     children: dict[str, ChildEntry]
     now: datetime
     committed: dict[str, Decimal] = field(default_factory=dict)  # running total, updated
-    # Lines it may hold; at most half open, so that withdrawals and settled lines always
-    # have room and a deletion never waits on a ledger full of live lines.
+    # Lines it may have in flight (its status's bound); new children take at most half, so
+    # that settlements and withdrawals always have room and a deletion never waits on a
+    # record full of admissions.
     max_lines: int = MAX_ENVELOPE_CHILDREN
     events: list[LedgerEvent] = field(default_factory=list)
     pending: dict[str, Admission] = field(default_factory=dict)  # child uid -> why waiting
     contracts: Mapping[str, Contract] = field(default_factory=dict)  # as the parent declares
+    in_flight: set[str] = field(default_factory=set)  # lines in flight after the pass, so far
+    postponed: bool = False  # a move was left for the next pass (the record was full)
 
     def _note(self, uid: str, entry: ChildEntry, reason: str, message: str) -> None:
         self.events.append(LedgerEvent(uid, entry.envelope, reason, message))
 
-    def open_children(self) -> int:
-        return sum(1 for e in self.children.values() if e.phase is ChildPhase.RESERVED)
+    def has_room(self, new: bool) -> bool:
+        """Whether one more line may go in flight: a new child's only while half the
+        record is free."""
+        return len(self.in_flight) < (self.max_lines // 2 if new else self.max_lines)
 
 
 def settle_children(
@@ -111,7 +121,8 @@ def settle_children(
         child = facts.get(uid)
         if entry.phase is ChildPhase.SETTLED:
             if child is None or (child.record is not None and child.record.settled == entry):
-                del ledger.children[uid]
+                del ledger.children[uid]  # retired: its child carries it, or is gone
+                ledger.in_flight.discard(uid)
             continue
         if child is None:
             # Gone without settling (its finalizer removed by hand): what it used is
@@ -128,9 +139,13 @@ def settle_children(
             # (found another parent first, opened as a root): this line was never drawn on.
             _settle(ledger, uid, entry, {}, "AdmittedElsewhere", f"it draws from {record.name}")
             del ledger.children[uid]
+            ledger.in_flight.discard(uid)
             continue
         if record.admitted_at is None or child.balance_released is None:
             continue  # still open or closing: its claims are settling inside it
+        if uid not in ledger.in_flight and not ledger.has_room(new=False):
+            ledger.postponed = True  # the record is full: settled on the next pass
+            continue
         # Its balance in the resources drawn from here (from a pool, those it names).
         balance = {k: v for k, v in child.balance_released.items() if k in entry.reserved}
         if not within(balance, entry.reserved):
@@ -168,6 +183,7 @@ def _settle(
     }
     entry.settled_at = ledger.now
     entry.reason = reason
+    ledger.in_flight.add(uid)
     ledger.committed = add(ledger.committed, entry.consumed)
     ledger._note(
         uid,
@@ -227,7 +243,7 @@ def admit_child(
     """Admit, withdraw or queue one waiting child. Returns the name blocking the queue;
     `available` is the pass's running balance."""
     if not child.accepting or not parent_accepting:
-        if len(ledger.children) < ledger.max_lines:
+        if ledger.has_room(new=False):
             why = "closed or deleted" if not child.accepting else "its parent admits no more"
             entry = ChildEntry(
                 envelope=child.name,
@@ -237,7 +253,10 @@ def admit_child(
                 reason="Withdrawn",
             )
             ledger.children[child.uid] = entry
+            ledger.in_flight.add(child.uid)
             ledger._note(child.uid, entry, "ChildWithdrawn", f"never admitted: {why}")
+        else:
+            ledger.postponed = True
         return blocked_by
     wanted = drawn_part(ledger.parent.kind, child.capacity, parent_capacity)
     problem = child_problem(
@@ -249,10 +268,14 @@ def admit_child(
     if blocked_by is not None:
         ledger.pending[child.uid] = QUEUED
         return blocked_by
-    if ledger.open_children() >= ledger.max_lines // 2:
+    if not ledger.has_room(new=True):
         ledger.pending[child.uid] = Admission(
-            False, "MaxChildren", f"{ledger.max_lines // 2} child envelopes are open here"
+            False,
+            "MovesInFlight",
+            f"its parent records at most {ledger.max_lines // 2} new children's lines at "
+            "once: admitted once its children have recorded theirs",
         )
+        ledger.postponed = True
         return blocked_by
     if not fits(wanted, available):
         short = sorted(k for k, v in wanted.items() if v > available.get(k, ZERO))
@@ -269,6 +292,7 @@ def admit_child(
         reserved_at=ledger.now,
     )
     ledger.children[child.uid] = entry
+    ledger.in_flight.add(child.uid)
     ledger._note(child.uid, entry, "ChildReserved", f"reserved {render(entry.reserved)}")
     return blocked_by
 
@@ -332,7 +356,12 @@ def draw_record(
             depth = (parent.depth or 0) + 1
             return Admitted(
                 base.model_copy(
-                    update={"depth": depth, "admitted_at": now, "reserved": dict(line.reserved)}
+                    update={
+                        "depth": depth,
+                        "admitted_at": now,
+                        "reserved": dict(line.reserved),
+                        "stamp": line.stamp,
+                    }
                 )
             )
         return Admitted(base.model_copy(update={"settled": line}))  # withdrawn

@@ -159,7 +159,7 @@ def tree_bytes(dimensions: frozenset[str]) -> int:
 
 
 def pool_lines(dimensions: frozenset[str]) -> int:
-    """How many lines a pool's ledger may hold: MAX_CHILDREN, fewer when its resources'
+    """How many lines a pool may have in flight: MAX_CHILDREN, fewer when its resources'
     names are so long that that many would not fit in the budget."""
     room = LEDGER_BYTES_BUDGET - base_bytes(dimensions)
     return max(2, min(MAX_CHILDREN, room // child_line_bytes(dimensions)))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from reservoir.core.budgets import (
     ChildFacts,
@@ -18,6 +18,7 @@ from reservoir.core.budgets import (
     settle_children,
     waiting_children,
 )
+from reservoir.core.childlines import adds_up, lost_line, merge_children, place_children
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.contracts import (
     raise_peak,
@@ -27,11 +28,12 @@ from reservoir.core.contracts import (
     types,
     uncommit_reusable,
 )
-from reservoir.core.ledger import compute_totals, one_line
+from reservoir.core.ledger import compute_totals, one_line, subtract
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
     SUMMARY_LENGTH,
+    ChildEntry,
     ChildPhase,
     EnvelopeSummary,
     ParentKind,
@@ -43,6 +45,12 @@ from reservoir.core.text import bounded
 from reservoir.core.windows import expire_windows, next_return, record_windows
 
 POOL_DEPTH = 0
+# How soon a pass comes back for moves it left when its record of lines in flight was full.
+NEXT_MOVES = timedelta(seconds=1)
+LOST_MESSAGE = (
+    "envelopes went without settling here (their finalizers removed by hand): what they "
+    "held stays held until a person settles this line (force-settle-gone naming it)"
+)
 
 
 @dataclass(frozen=True)
@@ -61,6 +69,9 @@ class PoolReconciliation:
     events: list[LedgerEvent]
     pending: dict[str, Admission]  # envelope uid -> why it waits
     wake_at: datetime | None = None  # when a Replenishing window returns something
+    # Every line after the pass, in flight or held by its envelope (`status.children` keeps
+    # only those in flight): those not yet settled and mirrored.
+    lines: dict[str, ChildEntry] = field(default_factory=dict)
 
 
 def reconcile_pool(
@@ -80,21 +91,27 @@ def reconcile_pool(
         ledger.totals.committed, ledger.windows, contracts, now
     )
     committed = uncommit_reusable(committed, reusable(contracts))  # as in reconcile
+    # Every line: those in flight here and those the envelopes (listed after the pool) hold.
+    view = merge_children(status.children, status.stamp, envelopes, pool.uid)
+    lost = None
+    if not adds_up(view, status.child_records):
+        missing = subtract(status.totals.reserved, view.reserved())
+        lost = lost_line(view, missing, status.stamp + 1, now)
     children = ChildLedger(
         ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
-        ledger.children,
+        view.lines,
         now,
         committed,
         max_lines=pool_lines(frozenset(pool.spec.capacity)),
         contracts=pool.spec.contracts,
+        in_flight=set(view.in_flight) | ({lost} if lost else set()),
     )
+    if lost is not None:
+        children.events.append(LedgerEvent(lost, lost, "ChildLinesLost", LOST_MESSAGE))
     settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
-    balance = compute_totals(
-        pool.spec.capacity, children.committed, (), ledger.children.values()
-    ).available
-    queue = sorted(
-        waiting_children(envelopes, ledger.children), key=lambda c: c.queue_key.sort_key()
-    )
+    lines = view.lines
+    balance = compute_totals(pool.spec.capacity, children.committed, (), lines.values()).available
+    queue = sorted(waiting_children(envelopes, lines), key=lambda c: c.queue_key.sort_key())
     blocked_by: str | None = None
     for child in queue:
         blocked_by = admit_child(
@@ -107,13 +124,11 @@ def reconcile_pool(
             blocked_by,
         )
     ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
-    ledger.totals = compute_totals(
-        pool.spec.capacity, children.committed, (), ledger.children.values()
-    )
+    ledger.totals = compute_totals(pool.spec.capacity, children.committed, (), lines.values())
     ledger.contracts = types(contracts)
     ledger.peak = raise_peak(ledger.peak, ledger.totals, contracts)
     counts: dict[str, int] = {}
-    for entry in ledger.children.values():
+    for entry in lines.values():
         counts[entry.phase.value] = counts.get(entry.phase.value, 0) + 1
     if children.pending:
         counts["Pending"] = len(children.pending)
@@ -122,7 +137,7 @@ def reconcile_pool(
         capacity=one_line(ledger.totals.capacity),
         available=one_line(ledger.totals.available),
         committed=one_line(ledger.totals.committed),
-        live=sum(1 for e in ledger.children.values() if e.phase is ChildPhase.RESERVED),
+        live=sum(1 for e in lines.values() if e.phase is ChildPhase.RESERVED),
         contracts=bounded(summary(contracts), SUMMARY_LENGTH),
     )
     uncapped = sorted(
@@ -153,6 +168,13 @@ def reconcile_pool(
         pool.generation,
     )
     ledger.observed_generation = pool.generation
-    return PoolReconciliation(
-        ledger, children.events, children.pending, next_return(ledger.windows)
-    )
+    # The envelopes keep their lines; this pool, those in flight.
+    after = {uid: line.model_copy(deep=True) for uid, line in lines.items()}
+    placement = place_children(view, lines, status.stamp + 1)
+    ledger.children, ledger.child_records = placement.in_flight, placement.records
+    if any(line.stamp > status.stamp for line in ledger.children.values()):
+        ledger.stamp = status.stamp + 1
+    wake_at = next_return(ledger.windows)
+    if children.postponed:
+        wake_at = min(wake_at or now + NEXT_MOVES, now + NEXT_MOVES)
+    return PoolReconciliation(ledger, children.events, children.pending, wake_at, after)

@@ -50,6 +50,8 @@ from reservoir.core.budgets import (
     settle_children,
     waiting_children,
 )
+from reservoir.core.childlines import ChildView, lost_line, merge_children, place_children
+from reservoir.core.childlines import adds_up as children_add_up
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.compensation import Moved, compensate
 from reservoir.core.conditions import Desired, merge_conditions
@@ -84,7 +86,6 @@ from reservoir.core.ledger import (
     fits,
     one_line,
     subtract,
-    total,
 )
 from reservoir.core.ledgersize import (
     LEDGER_BYTES_BUDGET,
@@ -107,6 +108,7 @@ from reservoir.core.model import (
     SUMMARY_LENGTH,
     BorrowRequest,
     BranchClaimSpec,
+    ChildEntry,
     ChildPhase,
     ClaimPhase,
     ContractType,
@@ -246,6 +248,11 @@ class Reconciliation:
     # a withdrawal, or is gone. Only then may the envelope object go.
     done_upward: bool = False
     children_unsettled: int = 0
+    # Its child envelopes' lines: the view the pass starts from, and every line after it
+    # (status.children holds those in flight; see reservoir.core.childlines).
+    child_view: ChildView = field(default_factory=ChildView)
+    child_lines: dict[str, ChildEntry] = field(default_factory=dict)
+    lost_children: str | None = None  # the line kept for children gone with their lines
     pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
     # Retry holds (by id) a retry waiting for its devices counts on in this pass.
     holds_in_use: set[int] = field(default_factory=set)
@@ -509,10 +516,19 @@ def _claims_in_view(
         {c.uid: c.line for c in facts_by_uid.values() if c.line is not None},
         departed,
     )
+    # Its child envelopes' lines, the same way: in flight here, or held by each child
+    # (listed after the envelope, always fresh).
+    children = merge_children(status.children, status.stamp, envelope.children, envelope.uid)
+    result.child_view, ledger.children = children, children.lines
     if not adds_up(view, status.claim_records):
         if not fresh:
             raise ClaimViewBehindError(f"the claims of {envelope.name} as seen are behind")
-        result.lost = _keep_what_is_lost(view, status, now)
+        result.lost = _keep_what_is_lost(view, children, status, now)
+    elif not children_add_up(children, status.child_records):
+        # The claims add up: what the totals hold that no line accounts for was a child's.
+        totals = status.totals
+        missing = lost_amounts(view, totals.reserved, totals.reconciling, children.reserved())
+        result.lost_children = lost_line(children, missing, status.stamp + 1, now)
     # Every line in view, the pass's to move: `result.entry` reads them from the start of
     # the pass (`_place` then keeps in the envelope only those in flight).
     ledger.entries = result.lines = view.lines
@@ -640,7 +656,10 @@ def _settle_closed_children(books: _Books) -> None:
         books.now,
         books.committed,
         contracts=envelope.spec.contracts,
+        in_flight=set(books.result.child_view.in_flight),
     )
+    if books.result.lost_children is not None:
+        children.in_flight.add(books.result.lost_children)
     children_by_uid = {c.uid: c for c in envelope.children}
     settle_children(children, children_by_uid, envelope.force_settle_gone)
     books.committed = children.committed
@@ -702,6 +721,8 @@ def _admit_the_queue(books: _Books) -> None:
     result.children_unsettled = len(ledger.children) + sum(
         1 for c in children_waiting if c.uid not in ledger.children
     )
+    if children.postponed:
+        books.again_at(now + NEXT_MOVES)  # its record of lines in flight was full
 
 
 def _borrow_repay_or_lend(books: _Books) -> None:
@@ -786,15 +807,23 @@ def _place(
     ledger.entries = dict(sorted(placement.in_flight.items()))
     ledger.claim_records = placement.records
     result.to_claims = placement.to_claims
+    # Child envelopes keep their lines too; the envelope, those in flight.
+    result.child_lines = {uid: line.model_copy(deep=True) for uid, line in ledger.children.items()}
+    children = place_children(result.child_view, ledger.children, status.stamp + 1)
+    ledger.children, ledger.child_records = children.in_flight, children.records
+    if any(line.stamp > status.stamp for line in ledger.children.values()):
+        ledger.stamp = status.stamp + 1
 
 
-def _keep_what_is_lost(view: View, status: ReservationEnvelopeStatus, now: datetime) -> str | None:
-    """Claims read fresh that do not add up to the envelope's record: lines went with
-    their objects (a finalizer removed by hand while the operator was away). What the
-    totals hold that no line accounts for stays held, as one Detached line named
-    LOST_PREFIX + stamp that only a person settles (`force-settle-gone` naming it)."""
-    children = total(c.reserved for c in status.children.values() if c.phase is ChildPhase.RESERVED)
-    lost = lost_amounts(view, status.totals.reserved, status.totals.reconciling, children)
+def _keep_what_is_lost(
+    view: View, children: ChildView, status: ReservationEnvelopeStatus, now: datetime
+) -> str | None:
+    """Claims read fresh (or child envelopes) that do not add up to the envelope's record:
+    lines went with their objects (a finalizer removed by hand while the operator was
+    away). What the totals hold that no line accounts for stays held, as one Detached line
+    named LOST_PREFIX + stamp that only a person settles (`force-settle-gone` naming it)."""
+    reserved, reconciling = status.totals.reserved, status.totals.reconciling
+    lost = lost_amounts(view, reserved, reconciling, children.reserved())
     if not lost:
         return None
     name = f"{LOST_PREFIX}{status.stamp}"

@@ -94,7 +94,7 @@ async def settle_children_before_removal(
     live = [f"claim {e.claim}" for e in result.lines.values() if not e.phase.terminal]
     live += [
         f"envelope {c.envelope}"
-        for c in result.status.children.values()
+        for c in result.child_lines.values()
         if c.phase is ChildPhase.RESERVED
     ]
     if not live and result.children_unsettled:

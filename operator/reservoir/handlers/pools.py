@@ -65,7 +65,7 @@ async def settle_envelopes_before_removal(name: str, memo: kopf.Memo, **_: Any) 
         return
     # Every line, settled ones included: an envelope learns its fate from its own record,
     # so the pool goes only once each has mirrored its line (or is gone).
-    lines = [f"{c.namespace}/{c.envelope}" for c in result.status.children.values()]
+    lines = [f"{c.namespace}/{c.envelope}" for c in result.lines.values()]
     if lines:
         raise kopf.TemporaryError(
             f"waiting for {len(lines)} envelopes to close and record their settlement: "

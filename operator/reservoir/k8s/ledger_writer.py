@@ -523,7 +523,9 @@ class LedgerWriter:
             await self._refused(envelope, "UnreadableParent", str(error))
         children: list[ChildFacts] = []
         child_bodies: dict[str, dict[str, Any]] = {}
-        if status.children or self.children is None or self.children.get((namespace, name)):
+        held_by_children = status.child_records is not None and status.child_records.count > 0
+        indexed = self.children is None or self.children.get((namespace, name))
+        if status.children or held_by_children or indexed:
             children, child_bodies = await budgets.children_of(
                 self.client, namespace, name, self.clock()
             )
@@ -719,6 +721,17 @@ class LedgerWriter:
                 "claims removed by hand while the operator was away held "
                 f"{', '.join(f'{k} {v}' for k, v in sorted(lost.reserved.items()))}: "
                 f"kept held as line {result.lost}; settle it by name with the "
+                "reservoir.dev/force-settle-gone annotation once you know what ran",
+            )
+        if result.lost_children is not None:
+            lost_child = result.child_lines[result.lost_children]
+            self.record(
+                envelope,
+                "Warning",
+                "ChildLinesLost",
+                "child envelopes removed by hand while the operator was away held "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(lost_child.reserved.items()))}: "
+                f"kept held as line {result.lost_children}; settle it by name with the "
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
         # Recorded: the lines of claims seen deleted that this pass had are in flight now,

@@ -16,6 +16,7 @@ from lightkube.models.meta_v1 import ObjectMeta
 from pydantic import ValidationError
 
 from reservoir.core.budgets import ChildFacts
+from reservoir.core.inflight import EnvelopeBehindError
 from reservoir.core.ledger import InvariantViolationError
 from reservoir.core.model import ReservationPoolSpec, ReservationPoolStatus
 from reservoir.core.pool import PoolFacts, PoolReconciliation, reconcile_pool
@@ -96,6 +97,8 @@ class PoolWriter:
         envelopes, bodies = await self._envelopes(facts, status, pools, now)
         try:
             result = reconcile_pool(facts, status, envelopes, now)
+        except EnvelopeBehindError:
+            return Conflict()  # an envelope shows a move newer than the pool as read
         except InvariantViolationError as error:
             self.record(pool, "Warning", "InvariantViolation", str(error)[:900])
             raise LedgerStuckError(f"pool {name}: {error}") from None
@@ -139,9 +142,12 @@ class PoolWriter:
                 uid = body["metadata"]["uid"]
                 if (body.get("spec") or {}).get("parent") is not None:
                     continue  # drawn from its parent envelope, not from a pool
-                if not ours and uid not in status.children:
-                    continue  # another pool's
                 fact = budgets.child_facts(body, now)
+                drawn = uid in status.children or (
+                    fact is not None and fact.record is not None and fact.record.uid == pool.uid
+                )
+                if not ours and not drawn:
+                    continue  # another pool's
                 if fact is not None:
                     facts.append(fact)
                     bodies[uid] = body

@@ -319,10 +319,23 @@ class AsyncReservoir:
         return EnvelopeTree(view, claims, tuple(children))
 
     async def pool(self, name: str) -> PoolView:
-        """A ReservationPool (cluster-scoped): its totals and its envelopes' lines."""
-        return PoolView.from_api(
+        """A ReservationPool (cluster-scoped): its totals and its envelopes' lines (each
+        envelope holds its own: those of namespaces the caller may not list are left out,
+        and the view says so)."""
+        pool = PoolView.from_api(
             as_dict(await self.client.get(ReservationPool, path_segment(name)))
         )
+        envelopes: list[EnvelopeView] = []
+        complete = True
+        for namespace in pool.namespaces:
+            try:
+                async for obj in self.client.list(ReservationEnvelope, namespace=namespace):
+                    envelopes.append(EnvelopeView.from_api(as_dict(obj)))
+            except ApiError as error:
+                if error.status.code != 403:
+                    raise
+                complete = False
+        return pool.with_envelopes(envelopes, complete)
 
     async def claims(self, envelope: str) -> list[ClaimView]:
         """The envelope's claims (by `spec.envelope`), each with its ledger line: the one the

@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 from reservoir.core import contracts
+from reservoir.core.childlines import current, line_of
 from reservoir.core.inflight import newest
 from reservoir.core.model import (
     Adjustment,
@@ -23,7 +24,6 @@ from reservoir.core.model import (
     EnvelopeState,
     LedgerEntry,
     Outcome,
-    ParentKind,
     ReservationPoolStatus,
     RetryHold,
     Settlement,
@@ -339,10 +339,9 @@ class EnvelopeTree:
     """An envelope, its claims, and the child envelopes drawing on it, each a tree.
 
     `children` is None below the depth bound (MAX_DEPTH levels are read): those envelopes
-    were not listed. A child's capacity is one line in this envelope's ledger
-    (`status.children`, keyed by the child's UID); a settled line may be compacted out of
-    it once the child's own status carries it (`status.parent.settled`): `line` reads
-    either, like a claim's ledger entry and its status mirror."""
+    were not listed. A child's capacity is one line: the child's own status holds it
+    (`status.parent`), this envelope's `status.children` while a move of it is in flight
+    (keyed by the child's UID): `line` reads the current one, like a claim's line."""
 
     envelope: EnvelopeView
     claims: tuple[ClaimView, ...] = ()
@@ -352,17 +351,9 @@ class EnvelopeTree:
         """`child`'s line in this envelope's ledger, or its settled record of it; None
         while it is not admitted (or was never listed here)."""
         entry = self.envelope.status.children.get(child.uid) if child.uid else None
-        if entry is not None:
-            return entry
         record = child.status.parent
-        if (
-            record is not None
-            and record.kind is ParentKind.ENVELOPE
-            and record.uid
-            and record.uid == self.envelope.uid
-        ):
-            return record.settled
-        return None
+        held = line_of(record, child.name, child.namespace, self.envelope.uid)
+        return current(entry, held)
 
     def orphan_lines(self) -> dict[str, ChildEntry]:
         """Lines of this ledger whose child envelope was not found among the children
@@ -386,6 +377,26 @@ class PoolView(BudgetContracts):
     uid: str = ""
     declared: dict[str, Contract] = dataclasses.field(default_factory=dict)  # spec.contracts
     capacity: tuple[str, ...] = ()  # the names of spec.capacity's resources
+    # The lines its envelopes hold (envelope uid -> line, from their `status.parent`), and
+    # whether every namespace of the pool could be listed for them.
+    held: dict[str, ChildEntry] = dataclasses.field(default_factory=dict)
+    complete: bool = True
+
+    def lines(self) -> dict[str, ChildEntry]:
+        """Every line of the pool's ledger: in flight on the pool, else as its envelope
+        holds it."""
+        uids = set(self.status.children) | set(self.held)
+        found = {u: current(self.status.children.get(u), self.held.get(u)) for u in uids}
+        return {u: line for u, line in found.items() if line is not None}
+
+    def with_envelopes(self, envelopes: Iterable[EnvelopeView], complete: bool) -> PoolView:
+        """This view with the lines `envelopes` (those of its namespaces) hold."""
+        held = {
+            e.uid: line
+            for e in envelopes
+            if (line := line_of(e.status.parent, e.name, e.namespace, self.uid)) is not None
+        }
+        return dataclasses.replace(self, held=held, complete=complete)
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> PoolView:

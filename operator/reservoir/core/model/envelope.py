@@ -311,6 +311,12 @@ class ParentRecord(Model):
     reserved: ResourceMap = recorded_map(
         "What the parent holds for it: the envelope's capacity from then on."
     )
+    stamp: int = Field(
+        default=0,
+        ge=0,
+        description="The stamp of the parent's line it recorded (its `status.children` copy "
+        "is retired once this shows it).",
+    )
     settled: ChildEntry | None = Field(
         default=None, description="This envelope's settled line in its parent's ledger."
     )
@@ -350,10 +356,16 @@ class ReservationEnvelopeStatus(ContractBook):
     )
     children: dict[str, ChildEntry] = Field(
         default_factory=dict,
-        description="Child envelopes drawing on this one, keyed by UID: each holds its whole "
-        "capacity here until it settles. A settled line is compacted away once the child's "
-        "status carries it (or the child is gone).",
+        description="The lines of child envelopes in flight, keyed by UID: moves recorded "
+        "here (reserved, settled, withdrawn) and not yet shown by the child's own "
+        "`status.parent` (each child holds its line; this record is retired once the child "
+        "shows its stamp).",
         json_schema_extra={"maxProperties": MAX_ENVELOPE_CHILDREN},
+    )
+    child_records: ClaimRecords | None = Field(
+        default=None,
+        description="The count and a digest of the reserved lines held by child envelopes "
+        "(not in flight): a pass checks its view of the children against it.",
     )
     parent: ParentRecord | None = Field(
         default=None,

@@ -183,13 +183,14 @@ class DeviceHold(Model):
 
 
 class ClaimRecords(Model):
-    """What an envelope knows of the lines its claims hold, without listing them."""
+    """What a ledger knows of the lines its claims (or child envelopes) hold, without
+    listing them."""
 
     count: int = Field(default=0, ge=0, description="How many held lines count.")
     digest: str = Field(
         default="",
         max_length=64,
-        description="XOR of sha256(claim UID/stamp)[:16] over those lines, in hex.",
+        description="XOR of sha256(UID/stamp)[:16] over those lines, in hex.",
     )
 
 
@@ -346,9 +347,17 @@ class EnvelopeSummary(Model):
 
 class ChildEntry(Model):
     """A child envelope's line in its parent's ledger (or a root envelope's in its pool's):
-    its whole capacity is one reserved entry until it closes, then R − C returns here."""
+    its whole capacity is one reserved entry until it closes, then R − C returns here. The
+    child's `status.parent` holds it; the parent's `status.children` holds it too while a
+    move of it is in flight (reservoir.core.childlines)."""
 
     envelope: str = Field(max_length=MAX_NAME_LENGTH, description="The child envelope's name.")
+    stamp: int = Field(
+        default=0,
+        ge=0,
+        description="The parent's `status.stamp` of the write that recorded this line's last "
+        "move: the child's copy is current once it shows this stamp.",
+    )
     namespace: str = Field(
         default="", max_length=63, description="Its namespace (in a pool's ledger)."
     )

@@ -26,7 +26,12 @@ from reservoir.core.model.contract import (
     ContractBook,
     contracts_field,
 )
-from reservoir.core.model.ledger import ChildEntry, EnvelopeSummary, ResourceTotals
+from reservoir.core.model.ledger import (
+    ChildEntry,
+    ClaimRecords,
+    EnvelopeSummary,
+    ResourceTotals,
+)
 
 NAMESPACE_NAME = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 
@@ -75,8 +80,20 @@ class ReservationPoolStatus(ContractBook):
     )
     children: dict[str, ChildEntry] = Field(
         default_factory=dict,
-        description="The envelopes drawing on this pool, keyed by UID.",
+        description="The lines of envelopes drawing on this pool in flight, keyed by UID: "
+        "moves recorded here and not yet shown by the envelope's own `status.parent` (each "
+        "envelope holds its line; this record is retired once the envelope shows its stamp).",
         json_schema_extra={"maxProperties": MAX_CHILDREN},
+    )
+    stamp: int = Field(
+        default=0,
+        ge=0,
+        description="Raised by each write that moves a line: the stamp of the lines it moved.",
+    )
+    child_records: ClaimRecords | None = Field(
+        default=None,
+        description="The count and a digest of the reserved lines held by envelopes (not in "
+        "flight): a pass checks its view of the envelopes against it.",
     )
     counts: dict[str, int] = Field(
         default_factory=dict,
