@@ -17,8 +17,14 @@ from typing import Any, TypeVar
 
 import pytest
 
+from reservoir.core import childlines
 from reservoir.core.claimstatus import settled_record
-from reservoir.core.model import TERMINAL_PHASES, BranchClaimStatus, ChildEntry
+from reservoir.core.model import (
+    MAX_ENVELOPE_CHILDREN,
+    TERMINAL_PHASES,
+    BranchClaimStatus,
+    ChildEntry,
+)
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
 from reservoir.sdk import Reservoir, ReservoirError
 from tests.clusters import ClusterHandle
@@ -158,12 +164,18 @@ def queue_reason(cluster: ClusterHandle, ns: str, name: str) -> str | None:
 
 
 def line_of(parent: EnvelopeStatus, child: EnvelopeStatus, child_uid: str) -> ChildEntry | None:
-    """The child's line in its parent's ledger, or the settled record the child carries
-    once the parent compacted it."""
-    entry = parent.children.get(child_uid)
-    if entry is not None:
-        return entry
-    return child.parent.settled if child.parent is not None else None
+    """The child's line in its parent's ledger: the parent's copy while a move of it is in
+    flight, else the one the child holds (issue 23)."""
+    record = child.parent
+    held = childlines.line_of(record, "", "", record.uid if record is not None else "")
+    return childlines.current(parent.children.get(child_uid), held)
+
+
+def child_lines(sdk: Reservoir, parent: str) -> dict[str, ChildEntry]:
+    """Every line of an envelope's ledger (child UID -> line), as the SDK's tree reads it."""
+    tree = sdk.tree(parent)
+    found = {child.envelope.uid: tree.line(child.envelope) for child in tree.children or ()}
+    return {**tree.orphan_lines(), **{uid: line for uid, line in found.items() if line}}
 
 
 # --- 1. the seed worked example, one level down -------------------------------------------
@@ -185,9 +197,11 @@ def test_worked_example_in_a_sub_agent_settles_37_into_the_planner_and_returns_2
     assert sub.parent is not None and sub.parent.name == "planner" and sub.parent.depth == 2
     sub_uid = uid_of(cluster, ns, "sub")
     settled_ledger(sdk, "planner", reserved="60", available="40", committed="0")
-    planner = sdk.ledger("planner").status
-    assert planner.children[sub_uid].phase.value == "Reserved"
-    assert planner.children[sub_uid].reserved == {"tokens": Decimal(60)}
+    lines = child_lines(sdk, "planner")
+    assert lines[sub_uid].phase.value == "Reserved"
+    assert lines[sub_uid].reserved == {"tokens": Decimal(60)}
+    # The sub-agent holds its line; the planner keeps no copy once it is recorded there.
+    eventually("the planner's copy to retire", lambda: not sdk.ledger("planner").status.children)
 
     a = sdk.hold("sub", "A", {"tokens": "20"}, name="a")
     b = sdk.hold("sub", "B", {"tokens": "20"}, name="b")
@@ -279,7 +293,7 @@ def test_a_child_that_does_not_fit_waits_pending_until_a_sibling_closes(
     wait_phase(sdk, claim, "Tentative")  # and its claim is admitted in turn
     settled_ledger(sdk, "second", reserved="10", available="40")
     second_uid = uid_of(cluster, ns, "second")
-    assert set(sdk.ledger("team").status.children) == {second_uid}
+    assert set(child_lines(sdk, "team")) == {second_uid}
 
 
 def phase_of_claim(sdk: Reservoir, name: str) -> str:
@@ -316,7 +330,7 @@ def test_a_tenant_pool_stops_root_envelopes_past_its_cap(
         assert tokens(pool_status.totals.reserved) == 70
         assert tokens(pool_status.totals.available) == 30
         assert balanced(pool_status)
-        assert [c.envelope for c in pool_status.children.values()] == ["big"]
+        assert [c.envelope for c in sdk.pool(pool).lines().values()] == ["big"]
 
         # The first one uses 10 of its 70, closes and goes: 60 return to the pool.
         used = sdk.hold("big", "work", {"tokens": "30"}, name="work", dispatch=True)
@@ -344,7 +358,7 @@ def test_a_tenant_pool_stops_root_envelopes_past_its_cap(
         # big's settled line is compacted once big is gone; only next's line remains.
         eventually(
             "big's line to be compacted",
-            lambda: [c.envelope for c in sdk.pool(pool).status.children.values()] == ["next"],
+            lambda: [c.envelope for c in sdk.pool(pool).lines().values()] == ["next"],
         )
 
         # A pool being deleted waits for its envelopes' lines, then goes.
@@ -382,7 +396,7 @@ def test_a_fifth_level_and_a_cycle_wait_pending_and_the_parent_is_fixed(
     time.sleep(1)
     assert queue_reason(cluster, ns, "l5") is not None
     settled_ledger(sdk, "l4", reserved="0", available="40")  # nothing held for l5
-    assert not sdk.ledger("l4").status.children
+    assert not child_lines(sdk, "l4")
 
     make_envelope(cluster, ns, "x", "10", parent="y")
     make_envelope(cluster, ns, "y", "10", parent="x")
@@ -499,7 +513,7 @@ def test_deleting_a_child_never_admitted_goes_promptly(
     # It held nothing: the parent is unchanged, and its withdrawal line is compacted.
     eventually("late's line to go", lambda: late_uid not in sdk.ledger("p").status.children)
     settled_ledger(sdk, "p", reserved="80", available="20", committed="0")
-    assert set(sdk.ledger("p").status.children) == {uid_of(cluster, ns, "hog")}
+    assert set(child_lines(sdk, "p")) == {uid_of(cluster, ns, "hog")}
 
 
 def test_deleting_an_admitted_child_waits_until_its_parent_settled_its_line(
@@ -877,3 +891,53 @@ def test_a_sibling_lends_above_its_floor_and_is_repaid_as_the_borrowers_claims_s
         assert balanced(sdk.ledger(name).status), name
     time.sleep(2)
     assert totals(sdk, "planner")["committed"] == "52"
+
+
+# --- issue 23: each child holds its own line ------------------------------------------------
+
+
+def test_an_envelope_holds_more_open_children_than_its_status_could_list(
+    cluster: ClusterHandle, ns: str, operator: OperatorProcess, sdk: Reservoir
+) -> None:
+    """More children open at once than the parent's record of lines in flight can hold:
+    each child holds its line, the parent keeps none once they are recorded, and when all
+    are deleted together each line settles once and everything returns."""
+    count = MAX_ENVELOPE_CHILDREN + 6
+    make_envelope(cluster, ns, "fan", str(count))
+    wait_envelope_phase(cluster, ns, "fan", "Open")
+    kids = [
+        {
+            "apiVersion": "reservoir.dev/v1alpha1",
+            "kind": "ReservationEnvelope",
+            "metadata": {"name": f"kid-{n:03}", "namespace": ns, "labels": {"fan": "kids"}},
+            "spec": {"capacity": {"tokens": "1"}, "parent": "fan"},
+        }
+        for n in range(count)
+    ]
+    cluster.kubectl(
+        "create", "-f", "-", input=json.dumps({"kind": "List", "apiVersion": "v1", "items": kids})
+    )
+    settled_ledger(sdk, "fan", reserved=str(count), available="0", committed="0")
+    eventually(
+        "the parent's copies to retire", lambda: not sdk.ledger("fan").status.children, timeout=60
+    )
+    records = sdk.ledger("fan").status.child_records
+    assert records is not None and records.count == count
+    lines = child_lines(sdk, "fan")
+    assert len(lines) == count
+    assert all(line.phase.value == "Reserved" for line in lines.values())
+
+    cluster.kubectl("delete", "renv", "-n", ns, "-l", "fan=kids", "--wait=false")
+    settled_ledger(sdk, "fan", reserved="0", committed="0", available=str(count))
+    eventually(
+        "every child to go",
+        lambda: (
+            not json.loads(
+                cluster.kubectl("get", "renv", "-n", ns, "-l", "fan=kids", "-o", "json")
+            )["items"]
+        ),
+        timeout=90,
+    )
+    status = sdk.ledger("fan").status
+    assert status.children == {} and status.child_records is not None
+    assert status.child_records.count == 0

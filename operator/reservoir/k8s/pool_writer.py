@@ -114,8 +114,13 @@ class PoolWriter:
                     return Conflict()
                 self.record(pool, "Warning", "WriteRefused", str(error.status.message)[:900])
                 raise LedgerStuckError(f"pool {name}: {error.status.message}") from None
-            for envelope in bodies.values():  # they read this ledger
-                self.poke_envelope(envelope["metadata"]["namespace"], envelope["metadata"]["name"])
+            # The envelopes with a line in flight copy it; being deleted, the pool closes
+            # them all. (The others have nothing to read here: a pool of thousands of
+            # envelopes wakes only those its write concerns.)
+            for uid, envelope in bodies.items():
+                if facts.deleting or uid in result.status.children:
+                    meta = envelope["metadata"]
+                    self.poke_envelope(meta["namespace"], meta["name"])
         for event in result.events:
             target = bodies.get(event.uid, pool)
             self.record(
