@@ -169,7 +169,7 @@ def reconcile_pool(
     )
     ledger.observed_generation = pool.generation
     # The envelopes keep their lines; this pool, those in flight.
-    after = {uid: line.model_copy(deep=True) for uid, line in lines.items()}
+    after = dict(lines)
     placement = place_children(view, lines, status.stamp + 1)
     ledger.children, ledger.child_records = placement.in_flight, placement.records
     if any(line.stamp > status.stamp for line in ledger.children.values()):

@@ -808,7 +808,7 @@ def _place(
     ledger.claim_records = placement.records
     result.to_claims = placement.to_claims
     # Child envelopes keep their lines too; the envelope, those in flight.
-    result.child_lines = {uid: line.model_copy(deep=True) for uid, line in ledger.children.items()}
+    result.child_lines = dict(ledger.children)
     children = place_children(result.child_view, ledger.children, status.stamp + 1)
     ledger.children, ledger.child_records = children.in_flight, children.records
     if any(line.stamp > status.stamp for line in ledger.children.values()):
