@@ -25,7 +25,10 @@ one is needed:
 - kueue: bench/kueue.py's Kueue run with the same shape (queues × per queue, quota,
   concurrency), and Kueue's API requests per workload from the same audit log;
 - scale: many live leased (Tentative) claims across envelopes: the operator's resident
-  memory, kill -9 and restart → first ledger write and a new claim admitted, 429s.
+  memory, kill -9 and restart → first ledger write and a new claim admitted, 429s;
+- pool: one tenant pool with more root envelopes open at once than its status could ever
+  list (300; `--full` 3,000): envelopes admitted/s, the pool's status size and writes, CPU
+  per envelope, then all deleted together and everything back in the pool.
 
 Each scenario writes bench/results/<scenario>.json (machine, parameters, figures) and
 .png; the run ends with a summary table (scenario, figure, value, target, ratio), also in
@@ -87,6 +90,7 @@ SCENARIOS = (
     "kueue",
     "scale",
     "requests",
+    "pool",
 )
 OPERATOR_USER = "reservoir-operator"
 LOAD_USER = "bench-load"
@@ -112,6 +116,7 @@ class Sizes:
     scale_per_envelope: int
     scale_concurrency: int
     latency_claims: int  # claims offered at latency_rate (open loop)
+    pool_envelopes: int = 300  # root envelopes open at once in one tenant pool
     latency_rate: float = 20.0  # claims/s: the issue's latency targets hold at 20/s
 
 
@@ -146,6 +151,7 @@ FULL = Sizes(
     scale_per_envelope=100,
     scale_concurrency=64,
     latency_claims=1200,
+    pool_envelopes=3000,
 )
 
 # The issue's targets (#10), on the 2-core machine: reported next to each figure, never
@@ -1552,6 +1558,136 @@ def report_scale(bench: Bench, result: dict[str, Any]) -> None:
     bench.row(s, "429s (audit, all users)", f["throttled_429"], "", "throttled_429")
 
 
+def scenario_pool(bench: Bench) -> dict[str, Any]:
+    """Issue 23: one tenant pool admits more root envelopes than its status could ever list
+    (each envelope holds its own line; the pool keeps totals, the lines in flight and a
+    digest). All are created at once; the figures: envelopes opened per second, the pool's
+    status size once all are open, its status writes, and CPU per envelope; then all are
+    deleted together and the pool must get everything back."""
+    count = bench.sizes.pool_envelopes
+    namespace = bench.namespace("pool")
+    pool = f"bench-{namespace}"
+    kubectl = bench.cluster.kubectl
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "ReservationPool",
+        "metadata": {"name": pool},
+        "spec": {"capacity": {"tokens": str(count)}, "namespaces": [namespace]},
+    }
+    kubectl("create", "-f", "-", input=json.dumps(body))
+    operator = Operator(bench, namespace, "pool")
+    operator.start()
+    say(f"pool: {count} root envelopes open at once in pool {pool}, then all deleted")
+
+    def pool_status() -> dict[str, Any]:
+        return json.loads(kubectl("get", "rpool", pool, "-o", "json")).get("status") or {}
+
+    def wait(what: str, done: Callable[[dict[str, Any]], bool], within: float) -> float:
+        deadline = time.monotonic() + within
+        while not done(pool_status()):
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pool: {what} not within {within:.0f} s")
+            time.sleep(0.5)
+        return time.monotonic()
+
+    def reserved(status: dict[str, Any]) -> str:
+        return str(((status.get("totals") or {}).get("reserved") or {}).get("tokens", "0"))
+
+    envelopes = {
+        "apiVersion": "v1",
+        "kind": "List",
+        "items": [
+            {
+                "apiVersion": "reservoir.dev/v1alpha1",
+                "kind": "ReservationEnvelope",
+                "metadata": {"name": f"e-{n:05d}", "namespace": namespace},
+                "spec": {"capacity": {"tokens": "1"}},
+            }
+            for n in range(count)
+        ],
+    }
+    figures: dict[str, Any] = {"envelopes": count}
+    try:
+        wait("the pool to be ready", lambda s: bool(s.get("conditions")), 60)
+        start_mark, before = audit.mark(bench.cluster.audit_log), bench.cpu_snapshot(operator)
+        started = time.monotonic()
+        kubectl("create", "-f", "-", input=json.dumps(envelopes))
+        admitted = wait(
+            "every envelope admitted", lambda s: reserved(s) == str(count), 300 + count / 5
+        )
+        # ... and recorded by each envelope: the pool keeps no line then.
+        settled = wait(
+            "every line recorded by its envelope",
+            lambda s: not s.get("children") and (s.get("childRecords") or {}).get("count") == count,
+            300,
+        )
+        cpu = bench.cpu_delta(before, bench.cpu_snapshot(operator))
+        found = audit.requests(bench.cluster.audit_log, None, start_mark, None)
+        status = pool_status()
+        figures.update(
+            {
+                "wall_seconds_to_admit_all": round(admitted - started, 2),
+                "envelopes_admitted_per_second": round(count / (admitted - started), 2),
+                "wall_seconds_to_all_recorded": round(settled - started, 2),
+                "pool_status_bytes_all_open": len(json.dumps(status, separators=(",", ":"))),
+                "pool_status_writes": audit.count(
+                    [r for r in found if r.user == OPERATOR_USER],
+                    WRITE_VERBS,
+                    "reservationpools/status",
+                ),
+                "cpu_ms_per_envelope": {
+                    k: round(v * 1000 / count, 2) for k, v in cpu.items() if "loadavg" not in k
+                },
+                "operator_rss_mib_all_open": round(operator.rss_bytes() / 2**20, 1),
+                "api": {
+                    "operator": audit.tally(
+                        [r for r in found if r.user == OPERATOR_USER], per=count
+                    )
+                },
+            }
+        )
+        started = time.monotonic()
+        kubectl("delete", "renv", "--all", "-n", namespace, "--wait=false")
+        returned = wait(
+            "everything back in the pool",
+            lambda s: (
+                reserved(s) == "0"
+                and not s.get("children")
+                and (s.get("childRecords") or {}).get("count") == 0
+            ),
+            300 + count / 5,
+        )
+        status = pool_status()
+        figures["wall_seconds_to_settle_all"] = round(returned - started, 2)
+        figures["pool_available_after"] = (status.get("totals") or {}).get("available")
+        figures["pool_committed_after"] = (status.get("totals") or {}).get("committed")
+    except RuntimeError as error:
+        figures["error"] = str(error)
+    finally:
+        operator.stop(timeout=180)
+        kubectl("delete", "rpool", pool, "--wait=false", "--ignore-not-found")
+    return {
+        "parameters": {"envelopes": count, "pool": pool, "namespace": namespace},
+        "figures": figures,
+    }
+
+
+def report_pool(bench: Bench, result: dict[str, Any]) -> None:
+    f = result["figures"]
+    s = "pool"
+    if "error" in f:
+        bench.row(s, "error", f["error"][:90])
+    bench.row(s, "root envelopes open at once in one pool", f["envelopes"])
+    bench.row(s, "envelopes admitted/s", f.get("envelopes_admitted_per_second"), "/s")
+    bench.row(s, "all admitted and recorded", f.get("wall_seconds_to_all_recorded"), "s")
+    bench.row(s, "pool status, all open", f.get("pool_status_bytes_all_open"), "bytes")
+    bench.row(s, "pool status writes", f.get("pool_status_writes"))
+    for process, ms in (f.get("cpu_ms_per_envelope") or {}).items():
+        bench.row(s, f"CPU / envelope: {process}", ms, "ms")
+    bench.row(s, "all deleted → all returned", f.get("wall_seconds_to_settle_all"), "s")
+    bench.row(s, "pool available after", str(f.get("pool_available_after")))
+
+
 def scenario_requests(bench: Bench) -> dict[str, Any]:
     """The API server's CPU per request of each kind (no operator, nothing else running):
     fresh reads, an envelope's ledger write, a claim's status write."""
@@ -1609,6 +1745,7 @@ RUNNERS: dict[
     "kueue": (scenario_kueue, report_kueue),
     "scale": (scenario_scale, report_scale),
     "requests": (scenario_requests, report_requests),
+    "pool": (scenario_pool, report_pool),
 }
 
 
