@@ -1,4 +1,5 @@
-"""Each claim holds its own ledger line (issue 23), on the real control plane: one envelope
+"""Each claim (and each child envelope) holds its own ledger line (issue 23), on the real
+control plane: one envelope
 with 2,000 live claims stays a few KB, and an envelope written in the old shape (every live
 claim's entry in the envelope, no stamps) is taken over by the new operator without moving
 any capacity."""
@@ -177,3 +178,85 @@ def test_an_envelope_in_the_old_shape_is_taken_over_without_moving_capacity(
     )
     totals = envelope_of(cluster, ns, "old")["status"]["totals"]
     assert totals["reserved"]["tokens"] == "2" and totals["available"]["tokens"] == "97"
+
+
+def test_a_parent_in_the_old_shape_is_taken_over_without_moving_capacity(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator
+) -> None:
+    """Written by an operator of before child lines: every child's line in its parent's
+    `status.children`, none stamped, no digest, children's records unstamped. The new
+    operator retires each line its child recorded, moves nothing, and settles on from there."""
+    create_envelope(cluster, ns, "top", {"tokens": "100"})
+    operator = start_operator()
+    eventually("top open", lambda: envelope_of(cluster, ns, "top")["status"].get("phase") == "Open")
+    for name, tokens in (("k1", "10"), ("k2", "20")):
+        body = {
+            "apiVersion": "reservoir.dev/v1alpha1",
+            "kind": "ReservationEnvelope",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {"capacity": {"tokens": tokens}, "parent": "top"},
+        }
+        cluster.kubectl("create", "-f", "-", input=json.dumps(body))
+    eventually(
+        "both children held and recorded",
+        lambda: (
+            totals_of(cluster, ns, "top", "reserved") == "30"
+            and not envelope_of(cluster, ns, "top")["status"].get("children")
+        ),
+        timeout=60,
+    )
+    operator.stop()
+    # Rewrite both sides in the old shape, as the old operator left them.
+    children = {}
+    for name in ("k1", "k2"):
+        child = envelope_of(cluster, ns, name)
+        record = dict(child["status"]["parent"])
+        record.pop("stamp", None)
+        children[child["metadata"]["uid"]] = {
+            "envelope": name,
+            "phase": "Reserved",
+            "reserved": record["reserved"],
+            "reservedAt": record["admittedAt"],
+        }
+        cluster.kubectl(
+            "patch", "renv", name, "-n", ns, "--subresource=status", "--type=json",
+            "-p", json.dumps([{"op": "replace", "path": "/status/parent", "value": record}]),
+        )  # fmt: skip
+    status = envelope_of(cluster, ns, "top")["status"]
+    old = {k: v for k, v in status.items() if k not in ("stamp", "childRecords")}
+    old["children"] = children
+    cluster.kubectl(
+        "patch", "renv", "top", "-n", ns, "--subresource=status", "--type=json",
+        "-p", json.dumps([{"op": "replace", "path": "/status", "value": old}]),
+    )  # fmt: skip
+    before = envelope_of(cluster, ns, "top")["status"]
+    assert len(before["children"]) == 2 and "childRecords" not in before
+
+    start_operator()  # the new operator takes over
+    eventually(
+        "each child to carry its line, and the parent none",
+        lambda: (
+            not envelope_of(cluster, ns, "top")["status"].get("children")
+            and (envelope_of(cluster, ns, "top")["status"].get("childRecords") or {}).get("count")
+            == 2
+        ),
+        timeout=60,
+    )
+    after = envelope_of(cluster, ns, "top")["status"]
+    assert after["totals"] == before["totals"], "the upgrade moved no capacity"
+    # And the ledger goes on from there: a child closes and its whole balance comes back.
+    cluster.kubectl(
+        "patch", "renv", "k1", "-n", ns, "--type=merge", "-p", '{"spec": {"state": "Closed"}}'
+    )
+    eventually("k1's R back in top", lambda: totals_of(cluster, ns, "top", "reserved") == "20")
+    assert totals_of(cluster, ns, "top", "available") == "80"
+    assert totals_of(cluster, ns, "top", "committed") == "0"
+    record = envelope_of(cluster, ns, "k1")["status"]["parent"]
+    eventually(
+        "k1 to mirror its settled line",
+        lambda: (
+            (envelope_of(cluster, ns, "k1")["status"]["parent"].get("settled") or {}).get("phase")
+            == "Settled"
+        ),
+    )
+    assert record["uid"] == envelope_of(cluster, ns, "top")["metadata"]["uid"]
