@@ -1,8 +1,7 @@
 """Each claim (and each child envelope) holds its own ledger line (issue 23), on the real
-control plane: one envelope
-with 2,000 live claims stays a few KB, and an envelope written in the old shape (every live
-claim's entry in the envelope, no stamps) is taken over by the new operator without moving
-any capacity."""
+control plane: one envelope with 2,000 live claims stays a few KB, and an envelope written
+in the old shape (every live claim's entry in the envelope, or every child's line in its
+parent, no stamps) is taken over by the new operator without moving any capacity."""
 
 from __future__ import annotations
 
