@@ -6,14 +6,20 @@ per child, R − C returned once."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 from decimal import Decimal
+from types import SimpleNamespace
+from typing import Any
 
+import kopf
 import pytest
 
-from reservoir.core.budgets import ChildFacts
+from reservoir.core import childlines
+from reservoir.core.budgets import ChildFacts, ChildLedger, ParentIdentity, admit_child
 from reservoir.core.childlines import LOST_CHILDREN_PREFIX, merge_children
 from reservoir.core.inflight import EnvelopeBehindError
+from reservoir.core.ledger import InvariantViolationError, compute_totals
 from reservoir.core.model import (
     MAX_ENVELOPE_CHILDREN,
     ChildEntry,
@@ -21,7 +27,12 @@ from reservoir.core.model import (
     EnvelopePhase,
     ParentKind,
     ParentRecord,
+    ReservationPoolStatus,
 )
+from reservoir.handlers.pools import settle_envelopes_before_removal
+from reservoir.k8s import budgets as budget_reads
+from reservoir.k8s.facts import UnreadableEnvelopeError
+from reservoir.k8s.pool_writer import PoolWriter
 from tests.unit.tree_sim import POOL, T0, Run, World
 
 
@@ -160,3 +171,105 @@ def test_a_child_showing_a_move_newer_than_its_parent_sends_the_pass_to_read_aga
         merge_children({}, 4, [child], "p-uid")
     view = merge_children({}, 5, [child], "p-uid")
     assert set(view.held) == {"c"} and not view.in_flight
+
+
+# --- found by review: what the adapter reads of a child, and a pool it does not serve -----
+
+
+def child_body(spec: dict[str, Any], status: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "uid": "kid-uid",
+            "name": "kid",
+            "namespace": "team-a",
+            "creationTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": spec,
+        "status": status,
+    }
+
+
+HELD = {
+    "parent": {
+        "kind": "ReservationPool",
+        "name": "tenant",
+        "uid": "pool-uid",
+        "admittedAt": "2026-01-01T00:00:01Z",
+        "reserved": {"tokens": "40"},
+        "stamp": 3,
+    }
+}
+
+
+def test_a_child_whose_spec_cannot_be_read_keeps_its_line_and_is_never_admitted() -> None:
+    """Left out of the list, it was taken for gone with its line: counted lost, then held
+    twice once readable again (review). Its line is read from its status all the same."""
+    facts = budget_reads.child_facts(child_body({"capacity": "not a map"}, HELD), T0)
+    assert not facts.readable and facts.accepting
+    line = childlines.held_line(facts, "pool-uid")
+    assert line is not None and line.reserved == {"tokens": Decimal(40)} and line.stamp == 3
+    ledger = ChildLedger(ParentIdentity(ParentKind.POOL, "tenant", "pool-uid"), {}, T0)
+    waiting = replace(facts, record=None)
+    admit_child(ledger, waiting, {"tokens": Decimal(100)}, {"tokens": Decimal(100)}, 0, True, None)
+    assert ledger.children == {} and ledger.pending["kid-uid"].reason == "UnreadableSpec"
+
+
+def test_a_child_whose_status_cannot_be_read_stops_the_parents_pass() -> None:
+    with pytest.raises(UnreadableEnvelopeError, match="status of child envelope kid"):
+        budget_reads.child_facts(child_body({"capacity": {"tokens": "1"}}, {"parent": 7}), T0)
+
+
+def test_a_ledger_that_would_go_negative_is_an_invariant_violation() -> None:
+    """Not the model's ValidationError, which the writers did not expect (a pool's daemon
+    retried forever, review)."""
+    held = ChildEntry(envelope="a", phase=ChildPhase.RESERVED, reserved={"tokens": Decimal(80)})
+    with pytest.raises(InvariantViolationError, match="available tokens"):
+        compute_totals({"tokens": Decimal(100)}, {"tokens": Decimal(30)}, (), [held])
+
+
+class OnePool:
+    """Answers the pool writer's read of one pool (it lists nothing on this path)."""
+
+    def __init__(self, pool: dict[str, Any]) -> None:
+        self.pool = pool
+
+    async def get(self, kind: Any, name: str, **_: Any) -> dict[str, Any]:
+        return self.pool
+
+    def list(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("a pool it does not fully serve is not read further")
+
+
+def test_a_pool_this_operator_does_not_fully_serve_is_not_let_go_with_lines_held() -> None:
+    """A pool listing a namespace this operator does not watch is left alone, and its
+    deletion waits while its envelopes hold lines (review: it went with 30 reserved)."""
+    status = ReservationPoolStatus.model_validate(
+        {
+            "totals": {
+                "capacity": {"tokens": "100"},
+                "reserved": {"tokens": "30"},
+                "available": {"tokens": "70"},
+            },
+            "childRecords": {"count": 3, "digest": "ab"},
+            "stamp": 7,
+        }
+    )
+    pool = {
+        "metadata": {
+            "name": "tenant",
+            "uid": "pool-uid",
+            "resourceVersion": "5",
+            "deletionTimestamp": "2026-01-01T00:00:00Z",
+        },
+        "spec": {"capacity": {"tokens": "100"}, "namespaces": ["team-a", "team-b"]},
+        "status": status.to_api(),
+    }
+    writer = PoolWriter(
+        OnePool(pool),  # type: ignore[arg-type]
+        record=lambda *args: None,
+        poke_envelope=lambda *args: None,
+        watched=frozenset({"team-a"}),
+    )
+    memo = SimpleNamespace(services=SimpleNamespace(pools=writer))
+    with pytest.raises(kopf.TemporaryError, match="3 envelopes holding lines"):
+        asyncio.run(settle_envelopes_before_removal(name="tenant", memo=memo))  # type: ignore[arg-type]

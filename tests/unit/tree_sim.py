@@ -643,6 +643,35 @@ class Books:
             self._envelope(uid, status)
         self._loan_pairs()
         self._one_line_each()
+        for parent in [POOL, *run.live()]:
+            self._lost_only_what_went(parent)
+
+    def _lost_only_what_went(self, parent: str) -> None:
+        """A line kept for lost children holds no more than the children gone (finalizer
+        removed by hand) left unsettled here: a child still there is never taken for lost."""
+        lost = [
+            line.reserved
+            for uid, line in self.run.lines(parent).items()
+            if uid.startswith(LOST_CHILDREN_PREFIX)
+        ]
+        if not lost:
+            return
+        went = [
+            reserved
+            for (where, child), (_, reserved) in self.line_reserved.items()
+            if where == parent
+            and child in self.run.gone
+            and (where, child) not in self.line_settled
+        ]
+        total_lost: dict[str, Decimal] = {}
+        for amounts in lost:
+            total_lost = plus(total_lost, amounts)
+        total_went: dict[str, Decimal] = {}
+        for amounts in went:
+            total_went = plus(total_went, amounts)
+        assert all(v <= total_went.get(k, ZERO) for k, v in total_lost.items()), (
+            f"{parent} keeps {total_lost} for lost children, more than {total_went} went"
+        )
 
     def _envelope(self, uid: str, status: ReservationEnvelopeStatus) -> None:
         run, envelope = self.run, self.run.world.envelopes[uid]

@@ -63,6 +63,7 @@ class ChildFacts:
     record: ParentRecord | None = None  # the child's own record of where it draws from
     balance_released: Mapping[str, Decimal] | None = None  # set once the child has closed
     contracts: Mapping[str, Contract] = field(default_factory=dict)  # as the child declares
+    readable: bool = True  # its spec could be read (else it is never admitted meanwhile)
 
     @property
     def queue_key(self) -> QueueKey:
@@ -257,6 +258,11 @@ def admit_child(
             ledger._note(child.uid, entry, "ChildWithdrawn", f"never admitted: {why}")
         else:
             ledger.postponed = True
+        return blocked_by
+    if not child.readable:
+        ledger.pending[child.uid] = Admission(
+            False, "UnreadableSpec", "its spec cannot be read: admitted once it can be"
+        )
         return blocked_by
     wanted = drawn_part(ledger.parent.kind, child.capacity, parent_capacity)
     problem = child_problem(

@@ -105,6 +105,15 @@ def compute_totals(
     if stray:
         raise InvariantViolationError(f"ledger holds resources the envelope lacks: {sorted(stray)}")
     available = subtract(add(capacity, borrowed), total([committed, held, reconciling, lent]))
+    parts = {"committed": committed, "reserved": held, "reconciling": reconciling}
+    negative = sorted(
+        f"{part} {name}"
+        for part, amounts in {**parts, "available": available}.items()
+        for name, value in amounts.items()
+        if value < 0
+    )
+    if negative:  # refused as the invariant, not as a value the model cannot hold
+        raise InvariantViolationError(f"the ledger would be negative: {', '.join(negative)}")
     totals = ResourceTotals(
         capacity=clean(capacity, dimensions),
         committed=clean(committed, dimensions),

@@ -2,10 +2,10 @@
 tenant's pool) and the child envelopes drawing on it, into the core's facts.
 
 Each read is fresh from the API server, after the envelope itself, so a child the list
-lacks but a ledger names really is gone. A child or parent the operator cannot read is
-left out: a child left out is never admitted (and its line, if any, is held). A parent
-that cannot be read stops the reconcile (reported on the envelope, retried): it is never
-read as gone, which would close the whole subtree.
+lacks really is gone (and so is the line it held). A child whose spec cannot be read is
+never admitted, its line kept as it recorded it; a child whose status (its line) or a
+parent that cannot be read stops the reconcile (reported on the envelope, retried): never
+read as gone, which would take the child's line for lost or close the whole subtree.
 """
 
 from __future__ import annotations
@@ -37,34 +37,43 @@ from reservoir.k8s.resources import (
 )
 
 
-def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts | None:
-    """What a parent reads of a child envelope; None if it cannot be read."""
+def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts:
+    """What a parent reads of a child envelope. The child holds its own line (its status,
+    written by the operator alone): a status that cannot be read stops the parent's pass
+    (UnreadableEnvelopeError, reported), since reading it as absent would take the child
+    for gone with its line. A spec that cannot be read (the schema accepted what the code
+    cannot read) leaves the line as recorded and the child never admitted until it can be."""
     meta = envelope["metadata"]
     try:
-        spec = ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {})
         status = ReservationEnvelopeStatus.model_validate(envelope.get("status") or {})
-    except ValidationError:
-        return None
+    except ValidationError as error:
+        raise UnreadableEnvelopeError(
+            f"the status of child envelope {meta.get('name')} cannot be read: {error}"
+        ) from None
     created = parse_time(meta["creationTimestamp"])
+    closed = bool(
+        meta.get("deletionTimestamp") or status.closed_at is not None or status.closed_by_parent
+    )
+    common: dict[str, Any] = {
+        "uid": meta["uid"],
+        "name": meta["name"],
+        "namespace": meta.get("namespace", ""),
+        "created_at": created,
+        "record": status.parent,
+        "balance_released": status.balance_released if status.closed_at is not None else None,
+    }
+    try:
+        spec = ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {})
+    except ValidationError:
+        return ChildFacts(capacity={}, accepting=not closed, readable=False, **common)
     lifetime = spec.lifetime_seconds
     expired = lifetime is not None and (now - created).total_seconds() >= lifetime
     return ChildFacts(
-        uid=meta["uid"],
-        name=meta["name"],
-        namespace=meta.get("namespace", ""),
-        created_at=created,
         capacity=spec.capacity,
         priority=spec.priority,
-        accepting=not (
-            meta.get("deletionTimestamp")
-            or spec.state.value == "Closed"
-            or expired
-            or status.closed_at is not None
-            or status.closed_by_parent
-        ),
-        record=status.parent,
-        balance_released=status.balance_released if status.closed_at is not None else None,
+        accepting=not (closed or spec.state.value == "Closed" or expired),
         contracts=spec.contracts,
+        **common,
     )
 
 
@@ -79,9 +88,8 @@ async def children_of(
     ):
         body = as_dict(child)
         fact = child_facts(body, now)
-        if fact is not None:
-            facts.append(fact)
-            bodies[fact.uid] = body
+        facts.append(fact)
+        bodies[fact.uid] = body
     return facts, bodies
 
 

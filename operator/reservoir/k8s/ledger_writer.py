@@ -525,16 +525,19 @@ class LedgerWriter:
         child_bodies: dict[str, dict[str, Any]] = {}
         held_by_children = status.child_records is not None and status.child_records.count > 0
         indexed = self.children is None or self.children.get((namespace, name))
-        if status.children or held_by_children or indexed:
-            children, child_bodies = await budgets.children_of(
-                self.client, namespace, name, self.clock()
-            )
         siblings: list[SiblingFacts] = []
         sibling_bodies: dict[str, dict[str, Any]] = {}
-        if envelope_facts.spec.parent is not None:  # loans are between siblings
-            siblings, sibling_bodies = await budgets.siblings_of(
-                self.client, namespace, envelope_facts.spec.parent, uid, self.clock()
-            )
+        try:
+            if status.children or held_by_children or indexed:
+                children, child_bodies = await budgets.children_of(
+                    self.client, namespace, name, self.clock()
+                )
+            if envelope_facts.spec.parent is not None:  # loans are between siblings
+                siblings, sibling_bodies = await budgets.siblings_of(
+                    self.client, namespace, envelope_facts.spec.parent, uid, self.clock()
+                )
+        except read.UnreadableEnvelopeError as error:
+            await self._refused(envelope, "UnreadableChild", str(error))
         envelope_facts = replace(
             envelope_facts,
             name=name,

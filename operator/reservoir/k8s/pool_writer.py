@@ -22,7 +22,7 @@ from reservoir.core.model import ReservationPoolSpec, ReservationPoolStatus
 from reservoir.core.pool import PoolFacts, PoolReconciliation, reconcile_pool
 from reservoir.k8s import budgets
 from reservoir.k8s.clock import utcnow
-from reservoir.k8s.facts import as_dict, force_settle_gone
+from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, force_settle_gone
 from reservoir.k8s.ledger_writer import MAX_ATTEMPTS, Conflict, LedgerStuckError, Recorder, Trigger
 from reservoir.k8s.resources import ReservationEnvelope, ReservationPool
 
@@ -82,7 +82,7 @@ class PoolWriter:
             # Another operator (or none) serves those namespaces: their envelopes' fate
             # cannot be read from here, so this operator leaves the pool alone.
             log.info("pool %s lists namespaces this operator does not watch: %s", name, outside)
-            return PoolReconciliation(status, [], {})
+            return PoolReconciliation(status, [], {}, lines=dict(status.children))
         facts = PoolFacts(
             spec=spec,
             name=name,
@@ -94,7 +94,11 @@ class PoolWriter:
         # Listed after the pool: an envelope its ledger names but no list holds is gone.
         pools = await budgets.list_pools(self.client)
         now = self.clock()
-        envelopes, bodies = await self._envelopes(facts, status, pools, now)
+        try:
+            envelopes, bodies = await self._envelopes(facts, status, pools, now)
+        except UnreadableEnvelopeError as error:
+            self.record(pool, "Warning", "UnreadableEnvelope", str(error)[:900])
+            raise LedgerStuckError(f"pool {name}: {error}") from None
         try:
             result = reconcile_pool(facts, status, envelopes, now)
         except EnvelopeBehindError:
@@ -149,11 +153,10 @@ class PoolWriter:
                     continue  # drawn from its parent envelope, not from a pool
                 fact = budgets.child_facts(body, now)
                 drawn = uid in status.children or (
-                    fact is not None and fact.record is not None and fact.record.uid == pool.uid
+                    fact.record is not None and fact.record.uid == pool.uid
                 )
                 if not ours and not drawn:
                     continue  # another pool's
-                if fact is not None:
-                    facts.append(fact)
-                    bodies[uid] = body
+                facts.append(fact)
+                bodies[uid] = body
         return facts, bodies
