@@ -635,6 +635,7 @@ class Books:
         if run.pool.totals.capacity:
             check_totals("pool", run.pool.totals)
         self._lines(POOL, run.lines(POOL))
+        self._reserved(POOL, run.pool.totals.reserved, held((), run.lines(POOL).values())[0])
         self._committed(POOL, run.pool.totals, (), run.pool)
         for uid in run.live():
             status = run.status(uid)
@@ -646,39 +647,49 @@ class Books:
         for parent in [POOL, *run.live()]:
             self._lost_only_what_went(parent)
 
+    def _reserved(self, parent: str, recorded: Mapping[str, Decimal], lines: dict) -> None:
+        """The totals' reserved part is what the lines in view reserve, plus (until the
+        parent notices) what children gone with their lines held."""
+        unnoticed = minus(self._went(parent), self._lost(parent))
+        assert at_most(lines, recorded) and at_most(recorded, plus(lines, unnoticed)), (
+            f"{parent}: reserved {recorded} != {lines} (+ at most {unnoticed} gone unnoticed)"
+        )
+
+    def _lost(self, parent: str) -> dict[str, Decimal]:
+        """What the parent keeps in lines for children lost with theirs (unsettled)."""
+        total: dict[str, Decimal] = {}
+        for uid, line in self.run.lines(parent).items():
+            if uid.startswith(LOST_CHILDREN_PREFIX) and line.phase is ChildPhase.RESERVED:
+                total = plus(total, line.reserved)
+        return total
+
+    def _went(self, parent: str) -> dict[str, Decimal]:
+        """What children gone by hand held here, unsettled (their lines went with them):
+        read from their last status."""
+        run = self.run
+        uid = parent
+        if parent == POOL:
+            uid = run.world.pool.uid if run.world.pool is not None else ""
+        in_view = run.lines(parent)
+        total: dict[str, Decimal] = {}
+        for child in run.gone:
+            line = line_of(run.status(child).parent, "", "", uid)
+            if child not in in_view and line is not None and line.phase is ChildPhase.RESERVED:
+                total = plus(total, line.reserved)
+        return total
+
     def _lost_only_what_went(self, parent: str) -> None:
         """A line kept for lost children holds no more than the children gone (finalizer
         removed by hand) left unsettled here: a child still there is never taken for lost."""
-        lost = [
-            line.reserved
-            for uid, line in self.run.lines(parent).items()
-            if uid.startswith(LOST_CHILDREN_PREFIX)
-        ]
-        if not lost:
-            return
-        went = [
-            reserved
-            for (where, child), (_, reserved) in self.line_reserved.items()
-            if where == parent
-            and child in self.run.gone
-            and (where, child) not in self.line_settled
-        ]
-        total_lost: dict[str, Decimal] = {}
-        for amounts in lost:
-            total_lost = plus(total_lost, amounts)
-        total_went: dict[str, Decimal] = {}
-        for amounts in went:
-            total_went = plus(total_went, amounts)
-        assert all(v <= total_went.get(k, ZERO) for k, v in total_lost.items()), (
-            f"{parent} keeps {total_lost} for lost children, more than {total_went} went"
-        )
+        lost, went = self._lost(parent), self._went(parent)
+        assert at_most(lost, went), f"{parent} keeps {lost} for lost children: {went} went"
 
     def _envelope(self, uid: str, status: ReservationEnvelopeStatus) -> None:
         run, envelope = self.run, self.run.world.envelopes[uid]
         totals = status.totals
         check_totals(uid, totals)
         reserved, reconciling = held(status.entries.values(), run.lines(uid).values())
-        assert same(totals.reserved, reserved), f"{uid}: reserved {totals.reserved} != {reserved}"
+        self._reserved(uid, totals.reserved, reserved)
         assert same(totals.reconciling, reconciling), uid
         self._lines(uid, run.lines(uid))
         self._loans(uid, status)

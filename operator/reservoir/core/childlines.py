@@ -26,8 +26,8 @@ from decimal import Decimal
 
 from reservoir.core.budgets import ChildFacts
 from reservoir.core.inflight import EnvelopeBehindError, digest
-from reservoir.core.ledger import positive, total
-from reservoir.core.model import ChildEntry, ChildPhase, ClaimRecords, ParentRecord
+from reservoir.core.ledger import add, positive, subtract, total
+from reservoir.core.model import ChildEntry, ChildPhase, ChildRecords, ParentRecord
 
 # The name of the line that keeps what lost children held (see lost_line).
 LOST_CHILDREN_PREFIX = "lost-children-"
@@ -127,21 +127,34 @@ def merge_children(
     return view
 
 
-def records(held: Mapping[str, ChildEntry]) -> ClaimRecords:
+def records(held: Mapping[str, ChildEntry]) -> ChildRecords:
     """The parent's check of the lines its children hold that count (reserved here)."""
-    counting = [
-        (uid, line.stamp) for uid, line in held.items() if line.phase is ChildPhase.RESERVED
-    ]
-    return ClaimRecords(count=len(counting), digest=digest(counting))
+    counting = {u: line for u, line in held.items() if line.phase is ChildPhase.RESERVED}
+    return ChildRecords(
+        count=len(counting),
+        digest=digest((u, line.stamp) for u, line in counting.items()),
+        reserved=total(line.reserved for line in counting.values()),
+    )
 
 
-def adds_up(view: ChildView, recorded: ClaimRecords | None) -> bool:
-    """Whether the reserved lines children hold are exactly those the parent recorded (not
-    counting those it had in flight then: retired in this pass, counted from its write)."""
+def _counted(view: ChildView) -> dict[str, ChildEntry]:
+    """The held lines the parent's last write counted: not those it had in flight then
+    (retired in this pass, they are counted from its write on)."""
+    return {u: line for u, line in view.held.items() if u not in view.recorded}
+
+
+def adds_up(view: ChildView, recorded: ChildRecords | None) -> bool:
+    """Whether the reserved lines children hold are exactly those the parent recorded."""
     if recorded is None:
         return True  # written before children held their lines: every line was in flight
-    held = {u: line for u, line in view.held.items() if u not in view.recorded}
-    return records(held) == recorded
+    return records(_counted(view)) == recorded
+
+
+def missing(view: ChildView, recorded: ChildRecords | None) -> dict[str, Decimal]:
+    """What the lines the parent recorded as held, and no child in view holds, reserved."""
+    if recorded is None:
+        return {}
+    return positive(subtract(recorded.reserved, records(_counted(view)).reserved))
 
 
 def lost_line(
@@ -149,13 +162,21 @@ def lost_line(
 ) -> str | None:
     """Children listed after the parent that do not add up to its record: a child went with
     its line (its finalizer removed by hand while the operator was away). What the parent
-    held for it (`lost`: what its totals hold that no line in view accounts for) stays
-    held, as one reserved line named LOST_CHILDREN_PREFIX + stamp that only a person
-    settles (force-settle-gone naming it: charged in full, Reusable resources returned, as
-    for a child gone without settling). Returns its name, or None when nothing is missing."""
+    held for it (`lost`, see `missing`) stays held, as one reserved line named
+    LOST_CHILDREN_PREFIX + stamp (what is lost before a person settled it is added to it)
+    that only a person settles (force-settle-gone naming it: charged in full, Reusable
+    resources returned, as for a child gone without settling). Returns its name, or None
+    when nothing is missing."""
     lost = positive(lost)
     if not lost:
         return None
+    for name, line in view.lines.items():
+        if name.startswith(LOST_CHILDREN_PREFIX) and line.phase is ChildPhase.RESERVED:
+            # One such line at a time, however many passes find children gone: the record
+            # in flight stays bounded (review: a tenant removing its envelopes' finalizers
+            # one by one filled it, and every other tenant's envelopes waited).
+            line.reserved = add(line.reserved, lost)
+            return name
     name = f"{LOST_CHILDREN_PREFIX}{stamp}"
     view.lines[name] = ChildEntry(
         envelope=name, phase=ChildPhase.RESERVED, reserved=lost, reserved_at=now
@@ -168,7 +189,7 @@ class ChildPlacement:
     """Where each child line of a pass's result goes."""
 
     in_flight: dict[str, ChildEntry]  # the parent's record
-    records: ClaimRecords  # the check of the lines children hold
+    records: ChildRecords  # the check of the lines children hold
 
 
 def place_children(view: ChildView, lines: Mapping[str, ChildEntry], stamp: int) -> ChildPlacement:

@@ -18,7 +18,13 @@ from reservoir.core.budgets import (
     settle_children,
     waiting_children,
 )
-from reservoir.core.childlines import adds_up, lost_line, merge_children, place_children
+from reservoir.core.childlines import (
+    adds_up,
+    lost_line,
+    merge_children,
+    missing,
+    place_children,
+)
 from reservoir.core.conditions import Desired, merge_conditions
 from reservoir.core.contracts import (
     raise_peak,
@@ -28,7 +34,7 @@ from reservoir.core.contracts import (
     types,
     uncommit_reusable,
 )
-from reservoir.core.ledger import compute_totals, one_line, subtract
+from reservoir.core.ledger import compute_totals, one_line
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
@@ -95,8 +101,7 @@ def reconcile_pool(
     view = merge_children(status.children, status.stamp, envelopes, pool.uid)
     lost = None
     if not adds_up(view, status.child_records):
-        missing = subtract(status.totals.reserved, view.reserved())
-        lost = lost_line(view, missing, status.stamp + 1, now)
+        lost = lost_line(view, missing(view, status.child_records), status.stamp + 1, now)
     children = ChildLedger(
         ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
         view.lines,

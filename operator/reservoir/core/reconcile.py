@@ -52,6 +52,7 @@ from reservoir.core.budgets import (
 )
 from reservoir.core.childlines import ChildView, lost_line, merge_children, place_children
 from reservoir.core.childlines import adds_up as children_add_up
+from reservoir.core.childlines import missing as children_missing
 from reservoir.core.claimstatus import settled_view
 from reservoir.core.compensation import Moved, compensate
 from reservoir.core.conditions import Desired, merge_conditions
@@ -520,15 +521,14 @@ def _claims_in_view(
     # (listed after the envelope, always fresh).
     children = merge_children(status.children, status.stamp, envelope.children, envelope.uid)
     result.child_view, ledger.children = children, children.lines
+    if not children_add_up(children, status.child_records):
+        # A child went with its line: what it held, exactly (recorded with the digest).
+        gone = children_missing(children, status.child_records)
+        result.lost_children = lost_line(children, gone, status.stamp + 1, now)
     if not adds_up(view, status.claim_records):
         if not fresh:
             raise ClaimViewBehindError(f"the claims of {envelope.name} as seen are behind")
         result.lost = _keep_what_is_lost(view, children, status, now)
-    elif not children_add_up(children, status.child_records):
-        # The claims add up: what the totals hold that no line accounts for was a child's.
-        totals = status.totals
-        missing = lost_amounts(view, totals.reserved, totals.reconciling, children.reserved())
-        result.lost_children = lost_line(children, missing, status.stamp + 1, now)
     # Every line in view, the pass's to move: `result.entry` reads them from the start of
     # the pass (`_place` then keeps in the envelope only those in flight).
     ledger.entries = result.lines = view.lines

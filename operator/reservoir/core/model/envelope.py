@@ -46,6 +46,7 @@ from reservoir.core.model.contract import (
 )
 from reservoir.core.model.ledger import (
     ChildEntry,
+    ChildRecords,
     ClaimRecords,
     EnvelopeSummary,
     LedgerEntry,
@@ -362,7 +363,7 @@ class ReservationEnvelopeStatus(ContractBook):
         "shows its stamp).",
         json_schema_extra={"maxProperties": MAX_ENVELOPE_CHILDREN},
     )
-    child_records: ClaimRecords | None = Field(
+    child_records: ChildRecords | None = Field(
         default=None,
         description="The count and a digest of the reserved lines held by child envelopes "
         "(not in flight): a pass checks its view of the children against it.",

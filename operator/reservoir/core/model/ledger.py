@@ -194,6 +194,14 @@ class ClaimRecords(Model):
     )
 
 
+class ChildRecords(ClaimRecords):
+    """What a parent knows of the reserved lines its child envelopes hold, without listing
+    them: their count, digest and what they hold together (so that what a child gone with
+    its line held is known exactly, whatever else went in the same pass)."""
+
+    reserved: ResourceMap = recorded_map("What those lines reserve here, together.")
+
+
 class LedgerEntry(Model):
     """One claim's line in its envelope's ledger: the authoritative record of what the claim
     holds and how it settled. The claim's `status.ledger` holds it; the envelope's

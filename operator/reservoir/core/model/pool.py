@@ -28,7 +28,7 @@ from reservoir.core.model.contract import (
 )
 from reservoir.core.model.ledger import (
     ChildEntry,
-    ClaimRecords,
+    ChildRecords,
     EnvelopeSummary,
     ResourceTotals,
 )
@@ -90,7 +90,7 @@ class ReservationPoolStatus(ContractBook):
         ge=0,
         description="Raised by each write that moves a line: the stamp of the lines it moved.",
     )
-    child_records: ClaimRecords | None = Field(
+    child_records: ChildRecords | None = Field(
         default=None,
         description="The count and a digest of the reserved lines held by envelopes (not in "
         "flight): a pass checks its view of the envelopes against it.",
