@@ -680,3 +680,13 @@ def test_the_ledger_and_pool_verbs_print_the_tree_and_the_pool() -> None:
     assert "  envelope team-a/search: Open, drawn from ReservationEnvelope planner" in ledger
     pool = run(parser().parse_args(["pool", "tenant-a"]), fake)  # type: ignore[arg-type]
     assert pool.startswith("pool tenant-a: namespaces team-a, team-b")
+
+
+async def test_a_line_kept_for_children_removed_by_hand_says_how_to_settle_it() -> None:
+    objects = two_levels()
+    lost = reserved_line("lost-children-7", {"tokens": "5k"}).to_api()
+    objects[0]["status"]["children"]["lost-children-7"] = lost
+    shown = show_ledger(await tree_of("planner", objects))
+    (line,) = [x for x in shown.split("\n") if x.strip().startswith("lost-children-7:")]
+    assert "child envelopes removed by hand" in line
+    assert "reservoir.dev/force-settle-gone" in line

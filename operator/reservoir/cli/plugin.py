@@ -33,6 +33,7 @@ from fractions import Fraction
 
 from lightkube import ApiError
 
+from reservoir.core.childlines import LOST_CHILDREN_PREFIX
 from reservoir.core.inflight import newest
 from reservoir.core.ledger import ZERO, render, render_each
 from reservoir.core.model import (
@@ -505,6 +506,11 @@ def tree_lines(tree: EnvelopeTree, level: int = 1) -> list[str]:
         lines += ["", indented("\n".join(block), 1)]
     for uid, entry in sorted(orphans.items(), key=lambda item: (item[1].envelope, item[0])):
         gone = f"envelope {entry.namespace or view.namespace}/{entry.envelope}: not found ({uid})"
+        if uid.startswith(LOST_CHILDREN_PREFIX):
+            gone = (
+                f"{uid}: held for child envelopes removed by hand (settle it by name with "
+                "reservoir.dev/force-settle-gone once you know what they used)"
+            )
         lines += ["", indented(f"{gone}\n{child_line(view.name, entry)}", 1)]
     return lines
 
