@@ -429,7 +429,7 @@ def test_a_pool_admits_more_envelopes_than_its_status_could_ever_list() -> None:
     their envelopes (issue 23: no cap tied to one object's size)."""
     world = World.with_pool({"tokens": 10_000})
     run = Run(world)
-    run.books.check = lambda: None  # type: ignore[method-assign]  # quadratic; not the point
+    run.books.check = lambda **_: None  # type: ignore[method-assign]  # quadratic; not the point
     bound = pool_lines(frozenset({"tokens"}))
     count = bound + 1  # more than its status could list
     for n in range(count):

@@ -327,6 +327,7 @@ class Run:
         self.pool = ReservationPoolStatus()
         self.statuses: dict[str, ReservationEnvelopeStatus] = {}
         self.gone: set[str] = set()
+        self.removed_by_hand: set[str] = set()  # gone whatever they held (finalizer removed)
         self.records: dict[str, LedgerEntry] = {}  # claim uid -> its status's settled record
         self.results: dict[str, Reconciliation] = {}
         self.pool_result: PoolReconciliation | None = None
@@ -414,7 +415,8 @@ class Run:
                 record = settled_record(status, claim.uid, claim.name, claim.spec.attempt)
                 assert record is not None
                 self.records[claim.uid] = record
-        self.books.check()  # the status as written, before its finalizer may go
+        # The status as written, before its finalizer may go (read fresh: every loss noticed).
+        self.books.check(noticed=uid if lag == 0 else None)
         self.books.check_lending(uid, siblings)
         if envelope.deleting and may_go(result):
             self.gone.add(uid)
@@ -424,6 +426,7 @@ class Run:
     def remove_finalizer_by_hand(self, name: str) -> None:
         """A person removes an envelope's finalizer: it is gone, whatever its ledger held."""
         self.gone.add(self.world.uid(name))
+        self.removed_by_hand.add(self.world.uid(name))
         self.observe(self.world.uid(name))
         self.books.check()
 
@@ -440,7 +443,7 @@ class Run:
         self.pool_result = reconcile_pool(pool, self.pool, envelopes, self.world.now)
         self.pool = self.pool_result.status
         self.observe(POOL)
-        self.books.check()
+        self.books.check(noticed=POOL if lag == 0 else None)
 
     def parent_view(
         self,
@@ -630,7 +633,8 @@ class Books:
         self.record_now: dict[tuple[str, str], LoanSeen | None] = {}
         self.record_last: dict[tuple[str, str], Borrowing] = {}
 
-    def check(self) -> None:
+    def check(self, noticed: str | None = None) -> None:
+        """Every level; `noticed`: a parent that has just passed on a fresh view."""
         run = self.run
         if run.pool.totals.capacity:
             check_totals("pool", run.pool.totals)
@@ -644,16 +648,40 @@ class Books:
             self._envelope(uid, status)
         self._loan_pairs()
         self._one_line_each()
-        for parent in [POOL, *run.live()]:
-            self._lost_only_what_went(parent)
+        if noticed is not None and (noticed == POOL or run.exists(noticed)):
+            self.check_noticed(noticed)
 
     def _reserved(self, parent: str, recorded: Mapping[str, Decimal], lines: dict) -> None:
-        """The totals' reserved part is what the lines in view reserve, plus (until the
-        parent notices) what children gone with their lines held."""
-        unnoticed = minus(self._went(parent), self._lost(parent))
-        assert at_most(lines, recorded) and at_most(recorded, plus(lines, unnoticed)), (
-            f"{parent}: reserved {recorded} != {lines} (+ at most {unnoticed} gone unnoticed)"
+        """The totals' reserved part is what the lines in view reserve, plus what children
+        gone with their lines held and the parent has not noticed yet (nothing once it has
+        passed with a fresh view: check_noticed)."""
+        unnoticed = self._unnoticed(parent)
+        assert same(recorded, plus(lines, unnoticed)), (
+            f"{parent}: reserved {recorded} != {lines} + {unnoticed} gone unnoticed"
         )
+
+    def _unnoticed(self, parent: str) -> dict[str, Decimal]:
+        """What children gone by hand held here that no lost line (open or settled) keeps:
+        never negative (nothing kept twice, nothing kept for a child still there)."""
+        kept = plus(self._lost(parent), self._lost_settled(parent))
+        unnoticed = minus(self._went(parent), kept)
+        assert all(v >= ZERO for v in unnoticed.values()), (
+            f"{parent} keeps {kept} for lost children: only {self._went(parent)} went"
+        )
+        return unnoticed
+
+    def check_noticed(self, parent: str) -> None:
+        """After the parent's pass on a fresh view: every child gone with its line is kept,
+        exactly, in a lost line."""
+        unnoticed = self._unnoticed(parent)
+        assert all(v == ZERO for v in unnoticed.values()), f"{parent}: {unnoticed} not kept"
+
+    def _lost_settled(self, parent: str) -> dict[str, Decimal]:
+        total: dict[str, Decimal] = {}
+        for (where, name), line in self.line_settled.items():
+            if where == parent and name.startswith(LOST_CHILDREN_PREFIX):
+                total = plus(total, line.reserved)
+        return total
 
     def _lost(self, parent: str) -> dict[str, Decimal]:
         """What the parent keeps in lines for children lost with theirs (unsettled)."""
@@ -672,26 +700,22 @@ class Books:
             uid = run.world.pool.uid if run.world.pool is not None else ""
         in_view = run.lines(parent)
         total: dict[str, Decimal] = {}
-        for child in run.gone:
+        for child in run.removed_by_hand:
+            if (parent, child) in self.line_settled:
+                continue  # its parent settled its line (in flight when it went)
             line = line_of(run.status(child).parent, "", "", uid)
             if child not in in_view and line is not None and line.phase is ChildPhase.RESERVED:
                 total = plus(total, line.reserved)
         return total
 
-    def _lost_only_what_went(self, parent: str) -> None:
-        """A line kept for lost children holds no more than the children gone (finalizer
-        removed by hand) left unsettled here: a child still there is never taken for lost."""
-        lost, went = self._lost(parent), self._went(parent)
-        assert at_most(lost, went), f"{parent} keeps {lost} for lost children: {went} went"
-
     def _envelope(self, uid: str, status: ReservationEnvelopeStatus) -> None:
         run, envelope = self.run, self.run.world.envelopes[uid]
         totals = status.totals
         check_totals(uid, totals)
+        self._lines(uid, run.lines(uid))  # (first: it records lost lines settled now)
         reserved, reconciling = held(status.entries.values(), run.lines(uid).values())
         self._reserved(uid, totals.reserved, reserved)
         assert same(totals.reconciling, reconciling), uid
-        self._lines(uid, run.lines(uid))
         self._loans(uid, status)
         self._borrowed(uid, status)
         # claims: admitted once, settled once
@@ -771,6 +795,8 @@ class Books:
                 if line.phase is ChildPhase.SETTLED:
                     first = self.line_settled.setdefault((parent, child), line)
                     assert first == line, f"{child} settled twice"
+                    assert line.reason == "ForceSettled", f"{child}: {line.reason}"
+                    assert same(plus(line.consumed, line.released), line.reserved), child
                 continue
             key = (parent, child)
             if line.phase is ChildPhase.RESERVED:
@@ -795,6 +821,12 @@ class Books:
             if line.reason == "Withdrawn":
                 assert key not in self.line_reserved, f"{key} withdrawn after it was reserved"
                 assert not (line.reserved or line.consumed or line.released), key
+                continue
+            if line.reason == "ForceSettled":  # gone without settling: a person decided
+                assert child in self.run.removed_by_hand, (
+                    f"{key} force-settled, not removed by hand"
+                )
+                assert same(plus(line.consumed, line.released), line.reserved), key
                 continue
             assert line.reason == "Closed", f"{key}: settled as {line.reason}"
             assert key in self.line_reserved, f"{key} settled without being reserved"
@@ -850,7 +882,9 @@ class Books:
                     reserved.setdefault(child, []).append(parent)
         for child, parents in reserved.items():
             assert len(parents) == 1, f"{child} is reserved in {parents}"
-            assert run.exists(child), f"{parents[0]} holds a line for {child}, which is gone"
+            # (but one removed by hand before it copied its line: kept under its UID)
+            gone = not run.exists(child) and child not in run.removed_by_hand
+            assert not gone, f"{parents[0]} holds a line for {child}, which is gone"
             record = run.status(child).parent
             if record is not None and record.admitted_at is not None:
                 assert parent_key(record) == parents[0], f"{child} draws from {record}"
@@ -859,6 +893,8 @@ class Books:
             record = status.parent
             if record is None or record.admitted_at is None or record.kind is ParentKind.ROOT:
                 continue
+            if record.uid in run.removed_by_hand:
+                continue  # its parent went with every line it had (it closes: parent gone)
             if status.closed_at is None and record.settled is None:
                 assert reserved.get(uid) == [parent_key(record)], f"{uid}: lines {reserved}"
 

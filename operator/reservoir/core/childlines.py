@@ -19,7 +19,7 @@ Nothing here knows Kubernetes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
@@ -158,7 +158,11 @@ def missing(view: ChildView, recorded: ChildRecords | None) -> dict[str, Decimal
 
 
 def lost_line(
-    view: ChildView, lost: Mapping[str, Decimal], stamp: int, now: datetime
+    view: ChildView,
+    lost: Mapping[str, Decimal],
+    stamp: int,
+    now: datetime,
+    decided: Collection[str] = (),
 ) -> str | None:
     """Children listed after the parent that do not add up to its record: a child went with
     its line (its finalizer removed by hand while the operator was away). What the parent
@@ -166,12 +170,14 @@ def lost_line(
     LOST_CHILDREN_PREFIX + stamp (what is lost before a person settled it is added to it)
     that only a person settles (force-settle-gone naming it: charged in full, Reusable
     resources returned, as for a child gone without settling). Returns its name, or None
-    when nothing is missing."""
+    when nothing is missing. `decided`: the names a person's force-settle-gone holds."""
     lost = positive(lost)
     if not lost:
         return None
     for name, line in view.lines.items():
-        if name.startswith(LOST_CHILDREN_PREFIX) and line.phase is ChildPhase.RESERVED:
+        # (Not into one a person has decided on: that decision was about what it held.)
+        open_line = line.phase is ChildPhase.RESERVED and name not in decided
+        if name.startswith(LOST_CHILDREN_PREFIX) and open_line:
             # One such line at a time, however many passes find children gone: the record
             # in flight stays bounded (review: a tenant removing its envelopes' finalizers
             # one by one filled it, and every other tenant's envelopes waited).

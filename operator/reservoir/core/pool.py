@@ -101,7 +101,8 @@ def reconcile_pool(
     view = merge_children(status.children, status.stamp, envelopes, pool.uid)
     lost = None
     if not adds_up(view, status.child_records):
-        lost = lost_line(view, missing(view, status.child_records), status.stamp + 1, now)
+        gone = missing(view, status.child_records)
+        lost = lost_line(view, gone, status.stamp + 1, now, pool.force_settle_gone)
     children = ChildLedger(
         ParentIdentity(ParentKind.POOL, pool.name, pool.uid),
         view.lines,

@@ -254,6 +254,7 @@ class Reconciliation:
     child_view: ChildView = field(default_factory=ChildView)
     child_lines: dict[str, ChildEntry] = field(default_factory=dict)
     lost_children: str | None = None  # the line kept for children gone with their lines
+    lost_children_amount: dict[str, Decimal] = field(default_factory=dict)  # found this pass
     pending_children: dict[str, Admission] = field(default_factory=dict)  # child uid -> why
     # Retry holds (by id) a retry waiting for its devices counts on in this pass.
     holds_in_use: set[int] = field(default_factory=set)
@@ -524,7 +525,9 @@ def _claims_in_view(
     if not children_add_up(children, status.child_records):
         # A child went with its line: what it held, exactly (recorded with the digest).
         gone = children_missing(children, status.child_records)
-        result.lost_children = lost_line(children, gone, status.stamp + 1, now)
+        decided = envelope.force_settle_gone
+        result.lost_children = lost_line(children, gone, status.stamp + 1, now, decided)
+        result.lost_children_amount = gone
     if not adds_up(view, status.claim_records):
         if not fresh:
             raise ClaimViewBehindError(f"the claims of {envelope.name} as seen are behind")

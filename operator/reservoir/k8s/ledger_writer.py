@@ -727,13 +727,13 @@ class LedgerWriter:
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
         if result.lost_children is not None:
-            lost_child = result.child_lines[result.lost_children]
+            amount = result.lost_children_amount
             self.record(
                 envelope,
                 "Warning",
                 "ChildLinesLost",
                 "child envelopes removed by hand while the operator was away held "
-                f"{', '.join(f'{k} {v}' for k, v in sorted(lost_child.reserved.items()))}: "
+                f"{', '.join(f'{k} {v}' for k, v in sorted(amount.items()))}: "
                 f"kept held as line {result.lost_children}; settle it by name with the "
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
