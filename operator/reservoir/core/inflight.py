@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from decimal import Decimal
 
 from reservoir.core.ledger import ZERO, devices_in_use, positive, still_held, subtract, total
@@ -38,6 +39,8 @@ IN_FLIGHT_LIMIT = 64
 # Moves of lines claims already hold, in one pass (a mass cancel on deletion, leases
 # lapsing together): past this, the rest move on the next pass, a second later.
 MOVES_PER_PASS = 256
+# How soon a pass comes back for the moves it left (past a cap above, or a full record).
+NEXT_MOVES = timedelta(seconds=1)
 # The name of the line that keeps what lost claims held (see lost_line).
 LOST_PREFIX = "lost-claims-"
 

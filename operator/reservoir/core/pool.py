@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from reservoir.core.budgets import (
     ChildFacts,
@@ -34,6 +34,7 @@ from reservoir.core.contracts import (
     types,
     uncommit_reusable,
 )
+from reservoir.core.inflight import NEXT_MOVES
 from reservoir.core.ledger import compute_totals, one_line
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
@@ -51,8 +52,6 @@ from reservoir.core.text import bounded
 from reservoir.core.windows import expire_windows, next_return, record_windows
 
 POOL_DEPTH = 0
-# How soon a pass comes back for moves it left when its record of lines in flight was full.
-NEXT_MOVES = timedelta(seconds=1)
 LOST_MESSAGE = (
     "envelopes went without settling here (their finalizers removed by hand): what they "
     "held stays held until a person settles this line (force-settle-gone naming it)"

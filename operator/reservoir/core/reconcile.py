@@ -71,6 +71,7 @@ from reservoir.core.inflight import (
     IN_FLIGHT_LIMIT,
     LOST_PREFIX,
     MOVES_PER_PASS,
+    NEXT_MOVES,
     ClaimViewBehindError,
     View,
     adds_up,
@@ -165,8 +166,6 @@ MOVES_IN_FLIGHT = Admission(
 )
 
 
-# How soon a pass comes back for the moves it left (at most MOVES_PER_PASS at a time).
-NEXT_MOVES = timedelta(seconds=1)
 UNRECORDED = "(not recorded)"  # an earlier envelope's UID a claim's status does not hold
 
 
