@@ -396,6 +396,7 @@ class Bench:
     full: bool
     sdk_wait: bool = False
     keep_cluster: bool = False
+    profile_operator: bool = False
     operators: list[Operator] = field(default_factory=list)
     rows: list[Row] = field(default_factory=list)
     results: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -1119,6 +1120,20 @@ def report_hot(bench: Bench, result: dict[str, Any]) -> None:
     bench.row("hot", "failed claims", f["failed"])
 
 
+def render_profile(session: Path, stem: str) -> None:
+    """The pyinstrument session as text and HTML next to it (bench/results/STEM.*)."""
+    for renderer, suffix in (("text", "txt"), ("html", "html")):
+        subprocess.run(
+            [
+                str(VENV_BIN / "pyinstrument"), "--load", str(session), "-r", renderer,
+                "-o", str(RESULTS / f"{stem}.{suffix}"),
+                *(["--no-color", "--unicode"] if renderer == "text" else []),
+            ],
+            check=False,
+            capture_output=True,
+        )  # fmt: skip
+
+
 def scenario_profile(bench: Bench) -> dict[str, Any]:
     RESULTS.mkdir(parents=True, exist_ok=True)
     session = RESULTS / "profile.pyisession"
@@ -1130,16 +1145,7 @@ def scenario_profile(bench: Bench) -> dict[str, Any]:
             "pyinstrument wrote no session (did the operator stop cleanly?)"
         )
         return result
-    for renderer, suffix in (("text", "txt"), ("html", "html")):
-        subprocess.run(
-            [
-                str(VENV_BIN / "pyinstrument"), "--load", str(session), "-r", renderer,
-                "-o", str(RESULTS / f"profile.{suffix}"),
-                *(["--no-color", "--unicode"] if renderer == "text" else []),
-            ],
-            check=False,
-            capture_output=True,
-        )  # fmt: skip
+    render_profile(session, "profile")
     result["figures"]["profile_top"] = top = profile_top(session)
     plot_profile(top)
     result["figures"]["profile_files"] = [
@@ -1325,8 +1331,9 @@ def scenario_admission(bench: Bench) -> dict[str, Any]:
     marked Finished once Admitted. Admissions/s: claims seen Tentative over the time from
     the first create to the last admission, the figure Kueue's run reports."""
     sizes = bench.sizes
+    session = RESULTS / "admission-profile.pyisession" if bench.profile_operator else None
     namespace, operator, envelopes, names = claims_run(
-        bench, "admission", sizes.envelopes, sizes.per_envelope
+        bench, "admission", sizes.envelopes, sizes.per_envelope, session
     )
     try:
         run = asyncio.run(
@@ -1337,8 +1344,11 @@ def scenario_admission(bench: Bench) -> dict[str, Any]:
         )  # fmt: skip
     finally:
         operator.stop(timeout=180)
+    if session is not None and session.exists():
+        render_profile(session, "admission-profile")
     cost = api_cost(bench, run.audit_span, namespace, len(run.samples))
     figures = claim_figures(run, cost)
+    figures["profiled"] = session is not None
     admitted = [s for s in run.samples if s.tentative is not None]
     span = (
         max(s.tentative for s in admitted if s.tentative) - min(s.created for s in run.samples)
@@ -1834,6 +1844,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--sdk-wait", action="store_true", help="also wait with AsyncReservoir.wait"
     )
+    parser.add_argument(
+        "--profile-operator",
+        action="store_true",
+        help="admission: run the operator under pyinstrument (its CPU per claim is then "
+        "not comparable with Kueue's); writes bench/results/admission-profile.*",
+    )
     parser.add_argument("--envelopes", type=int, help="throughput: envelopes (Kueue: queues)")
     parser.add_argument("--per-envelope", type=int, help="throughput: claims per envelope")
     parser.add_argument("--quota", type=int, help="maxActiveClaims per envelope (Kueue: quota)")
@@ -1912,7 +1928,10 @@ def main(argv: list[str] | None = None) -> int:
     selected = [s for s in SCENARIOS if s in selected]  # baseline after throughput, ...
     sizes = sizes_from(args)
     cluster = LocalCluster(args.cluster_dir, NodeShape(count=2), audit="all")
-    bench = Bench(cluster, sizes, args.full, sdk_wait=args.sdk_wait, keep_cluster=args.keep_cluster)
+    bench = Bench(
+        cluster, sizes, args.full, sdk_wait=args.sdk_wait, keep_cluster=args.keep_cluster,
+        profile_operator=args.profile_operator,
+    )  # fmt: skip
     started, began = now_iso(), time.monotonic()
     say(f"{'full' if args.full else 'quick'} run of {', '.join(selected)}; sizes {asdict(sizes)}")
     failures = 0
