@@ -20,6 +20,7 @@ from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
 from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.resources import FIELD_MANAGER, ReservationEnvelope
 from reservoir.k8s.transition_events import TransitionEvents
+from reservoir.k8s.transport import fast_client
 
 
 def post_event(obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
@@ -49,7 +50,7 @@ class Services:
 
     @classmethod
     def build(cls) -> Services:
-        client = AsyncClient(field_manager=FIELD_MANAGER)
+        client = fast_client(field_manager=FIELD_MANAGER)
         priority_class = os.environ.get("RESERVOIR_PLACEHOLDER_PRIORITY_CLASS") or None
         devices = DeviceHolder(client, priority_class, placement_allow_list())
         # HTTP providers: the administrator's allow-list, caps and rates (the CLI's flags).

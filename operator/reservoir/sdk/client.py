@@ -132,6 +132,7 @@ from reservoir.k8s.resources import (
     get_object,
     path_segment,
 )
+from reservoir.k8s.transport import fast_client
 from reservoir.sdk import patches
 from reservoir.sdk.compensation import already_sent, compensation_request
 from reservoir.sdk.errors import (
@@ -233,7 +234,7 @@ class AsyncReservoir:
         the first wait until `close()`; False: each wait watches its one claim for as long
         as it waits (for an event loop that does not run between calls)."""
         config = KubeConfig.from_file(kubeconfig) if kubeconfig else None
-        self.client = client or AsyncClient(config=config, field_manager="reservoir-sdk")
+        self.client = client or fast_client(config, field_manager="reservoir-sdk")
         self.namespace = namespace or self.client.namespace
         self.holder = holder or os.environ.get(HOLDER_ENV) or f"{os.uname().nodename}/{os.getpid()}"
         self.shared_watch = shared_watch
