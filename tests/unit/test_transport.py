@@ -94,12 +94,14 @@ async def test_an_encoded_response_is_decoded_once() -> None:
 
 
 async def test_a_response_streams_line_by_line() -> None:
-    async with serving() as (base, _, _):
-        async with client(base, read=None) as http:
-            async with http.stream("GET", "/watch") as response:
-                lines = response.aiter_lines()
-                first = await asyncio.wait_for(lines.__anext__(), timeout=0.4)
-                rest = [line async for line in lines]
+    async with (
+        serving() as (base, _, _),
+        client(base, read=None) as http,
+        http.stream("GET", "/watch") as response,
+    ):
+        lines = response.aiter_lines()
+        first = await asyncio.wait_for(lines.__anext__(), timeout=0.4)
+        rest = [line async for line in lines]
         assert first == '{"type": "ADDED"}'
         assert rest == ['{"type": "DELETED"}']
 
@@ -114,7 +116,6 @@ async def test_a_refused_connection_is_httpx_connect_error() -> None:
 
 
 async def test_a_slow_answer_is_httpx_read_timeout() -> None:
-    async with serving() as (base, _, _):
-        async with client(base, read=0.3) as http:
-            with pytest.raises(httpx.ReadTimeout):
-                await http.get("/slow")
+    async with serving() as (base, _, _), client(base, read=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get("/slow")
