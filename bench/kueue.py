@@ -63,9 +63,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import yaml
-from lightkube import AsyncClient, KubeConfig
+from lightkube import AsyncClient
 from lightkube.core.exceptions import ApiError
 from lightkube.generic_resource import (
     GenericGlobalResource,
@@ -81,6 +80,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 
 from identities import user_kubeconfig  # noqa: E402
+from load import client_for  # noqa: E402
 
 TOOLS = REPO / "hack" / "tools"
 BUILD_SCRIPT = TOOLS / "build.sh"
@@ -754,11 +754,9 @@ async def run_async(
     binary = await asyncio.to_thread(ensure_built)
     load_kubeconfig = user_kubeconfig(cluster_dir, LOAD_USER)
     manager = Manager(binary, cluster_dir, load_kubeconfig, qps, burst)
-    client = AsyncClient(
-        KubeConfig.from_file(load_kubeconfig),
-        field_manager=FIELD_MANAGER,
-        timeout=httpx.Timeout(60.0),
-    )
+    # The same client stack as Reservoir's load generator (bench/load.py: the SDK's
+    # transport, a connection per request in flight): like with like.
+    client = client_for(str(load_kubeconfig), concurrency, FIELD_MANAGER)
     try:
         await wait_namespaces_gone(client)
         # CRDs first (kubectl: server-side apply of large schemas), then the namespaces.

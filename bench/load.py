@@ -35,6 +35,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
+from reservoir.k8s.transport import AiohttpTransport
 from reservoir.sdk import AsyncReservoir
 from reservoir.sdk.errors import NotReservedError
 from reservoir.sdk.views import ClaimView
@@ -51,18 +52,17 @@ RawEnvelope = create_namespaced_resource(RAW_GROUP, "v1", "RawEnvelope", "rawenv
 
 
 def client_for(kubeconfig: str, connections: int, field_manager: str) -> AsyncClient:
-    """A lightkube client whose connection pool keeps `connections` connections alive
-    (httpx keeps 20 by default: beyond that every request would pay a TLS handshake)."""
+    """A lightkube client on the SDK's own transport (reservoir.k8s.transport: aiohttp)
+    whose pool keeps `connections` connections alive (beyond the pool every request would
+    pay a TLS handshake)."""
     config = KubeConfig.from_file(kubeconfig)
     single = config.get()
     assert single.user is not None
     context = verify_cluster(single.cluster, single.user, single.abs_file)
-    limits = httpx2.Limits(max_connections=connections, max_keepalive_connections=connections)
-    transport = httpx2.AsyncHTTPTransport(verify=context, limits=limits)
     return AsyncClient(
         config=config,
         field_manager=field_manager,
-        transport=transport,
+        transport=AiohttpTransport(context, connections),
         timeout=httpx2.Timeout(60.0),
     )
 
