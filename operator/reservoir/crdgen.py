@@ -225,28 +225,41 @@ def claim_crd() -> dict[str, Any]:
             column("Cancel", ".spec.cancel", "boolean"),
             column("Node", ".status.placement.node"),
             column("Devices-Free", ".status.placement.devicesReleased", "boolean", priority=1),
-            column("Lease-Expires", ".status.lease.expiresAt"),
-            column("Settled", ".status.settlement.reason", priority=1),
-            column("Provider", ".status.provider.state", priority=1),
+            column("Lease-Expires", ".status.ledger.expiresAt"),
+            column("Settled", ".status.ledger.settlement.reason", priority=1),
+            column("Provider", ".status.ledger.provider.state", priority=1),
             column("Age", ".metadata.creationTimestamp", "date"),
         ],
         # `kubectl get bclaim --field-selector spec.envelope=wf`, and the operator's list
         selectable=(".spec.envelope", ".spec.branch", ".spec.upstream.requestId"),
-        root_rules=[SETTLEMENT_IS_PERMANENT],
+        root_rules=[SETTLEMENT_IS_PERMANENT, LINE_SETTLEMENT_IS_PERMANENT],
         # Every claim reads Pending from its creation, before (or without) any status write:
         # a claim that only waits its turn is told why only once it has waited a while.
         status_default={"phase": "Pending"},
     )
 
 
-# Once a claim's status carries its settlement, the ledger may compact the entry away and
-# the status is the record: the API server keeps anyone (the operator included) from
-# changing or removing it, through the status subresource or otherwise.
+# Once a claim's status carries its settlement (a claim settled before status.ledger
+# existed), the ledger may compact the entry away and the status is the record: the API
+# server keeps anyone (the operator included) from changing or removing it, through the
+# status subresource or otherwise.
 SETTLEMENT_IS_PERMANENT = {
     "rule": "!has(oldSelf.status) || !has(oldSelf.status.settlement) || "
     "(has(self.status) && has(self.status.settlement) && "
     "self.status.settlement == oldSelf.status.settlement)",
     "message": "status.settlement is the claim's permanent record: it cannot change once set",
+}
+
+
+# The same for the claim's line: once `status.ledger` records how the claim settled, that
+# record can neither change nor go (nor can the line or the status be removed around it).
+LINE_SETTLEMENT_IS_PERMANENT = {
+    "rule": "!has(oldSelf.status) || !has(oldSelf.status.ledger) || "
+    "!has(oldSelf.status.ledger.settlement) || "
+    "(has(self.status) && has(self.status.ledger) && has(self.status.ledger.settlement) && "
+    "self.status.ledger.settlement == oldSelf.status.ledger.settlement)",
+    "message": "status.ledger.settlement is the claim's permanent record: it cannot change "
+    "once set",
 }
 
 

@@ -10,8 +10,9 @@ from concurrent.futures import ThreadPoolExecutor
 from decimal import Decimal
 from typing import Any
 
+from reservoir.core.claimstatus import expanded, settled_record, settled_view
 from reservoir.core.inflight import IN_FLIGHT_LIMIT
-from reservoir.core.model import ClaimPhase
+from reservoir.core.model import BranchClaimStatus, ClaimPhase
 from reservoir.sdk import Reservoir
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess, StartOperator
@@ -23,6 +24,13 @@ LIVE = 2000
 def envelope_of(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
     body: dict[str, Any] = json.loads(cluster.kubectl("get", "renv", name, "-n", ns, "-o", "json"))
     body.setdefault("status", {})  # not written yet
+    return body
+
+
+def claim_of(cluster: ClusterHandle, ns: str, name: str) -> dict[str, Any]:
+    body: dict[str, Any] = json.loads(
+        cluster.kubectl("get", "bclaim", name, "-n", ns, "-o", "json")
+    )
     return body
 
 
@@ -259,3 +267,79 @@ def test_a_parent_in_the_old_shape_is_taken_over_without_moving_capacity(
         ),
     )
     assert record["uid"] == envelope_of(cluster, ns, "top")["metadata"]["uid"]
+
+
+def test_a_claim_settled_before_its_line_was_written_once_keeps_its_record(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
+) -> None:
+    """A claim settled by an operator that copied every field of the line into the status
+    beside `status.ledger`, or before `status.ledger` existed: its status fields are its
+    only record (the ledger compacted its line away; its spec says what it reported). The
+    new operator reads it as before, and once something about it moves, writes that record
+    as its `status.ledger`, keeps its `status.settlement`, and moves no capacity."""
+    create_envelope(cluster, ns, "old", {"tokens": "100"}, defaultLeaseSeconds=3600)
+    apply_claims(cluster, ns, "old", ["s", "t"])
+    operator = start_operator()
+    eventually("admitted", lambda: totals_of(cluster, ns, "old", "reserved") == "2", timeout=60)
+    sdk.finish(sdk.dispatch(sdk.get("s")), {"tokens": "1"}, outcome="Succeeded")
+    sdk.cancel(sdk.get("t"))
+    eventually(
+        "both settled, their lines on the claims only",
+        lambda: (
+            totals_of(cluster, ns, "old", "reserved") == "0"
+            and not envelope_of(cluster, ns, "old")["status"].get("entries")
+            and sdk.get("t").settled
+        ),
+        timeout=60,
+    )
+    operator.stop()
+    # "u": a third claim whose status is t's record in the old shape (the fields beside no
+    # line; its settlement keyed to u), as a claim settled by the old operator carries it.
+    apply_claims(cluster, ns, "old", ["u"])
+    t = claim_of(cluster, ns, "t")
+    facts = {"cancel": True}
+    cluster.kubectl("patch", "bclaim", "u", "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": facts}))  # fmt: skip
+    u = json.loads(cluster.kubectl("get", "bclaim", "u", "-n", ns, "-o", "json"))
+    old_status = expanded(BranchClaimStatus.model_validate(t["status"])).to_api()
+    old_status.pop("ledger")
+    old_status["settlement"]["key"] = old_status["settlement"]["key"].replace(
+        t["metadata"]["uid"], u["metadata"]["uid"]
+    )
+    cluster.kubectl(
+        "patch", "bclaim", "u", "-n", ns, "--subresource=status", "--type=json",
+        "-p", json.dumps([{"op": "replace", "path": "/status", "value": old_status}]),
+    )  # fmt: skip
+    before = envelope_of(cluster, ns, "old")["status"]["totals"]
+    record = settled_record(
+        BranchClaimStatus.model_validate(old_status), u["metadata"]["uid"], "u", 1
+    )
+    assert record is not None and record.released == {"tokens": Decimal(1)}
+
+    start_operator()
+    # Nothing about it moves: its status stays as it was, and it reads as before.
+    eventually("the operator's first pass", lambda: sdk.get("s").settled, timeout=60)
+    assert sdk.get("u").status.released == {"tokens": Decimal(1)}, "read as before"
+    assert records(sdk, "old")["u"].settlement == record.settlement
+    # A result reported after it settled moves it: the operator's write carries the record
+    # as its line, once.
+    cluster.kubectl("patch", "bclaim", "u", "-n", ns, "--type=merge", "-p",
+                    json.dumps({"spec": {"result": "s3://b/late"}}))  # fmt: skip
+    eventually(
+        "u to carry its record as its line",
+        lambda: "ledger" in claim_of(cluster, ns, "u")["status"],
+        timeout=60,
+    )
+    written = claim_of(cluster, ns, "u")["status"]
+    assert written["settlement"] == old_status["settlement"], "kept for good"
+    line = BranchClaimStatus.model_validate(written).ledger
+    assert line is not None and line.result == "s3://b/late"
+    moved = line.model_copy(update={"result": record.result, "late": record.late})
+    assert settled_view(moved) == settled_view(record)
+    assert "history" not in written and "released" not in written, "the line, once"
+    # The claims settled by this operator carry their line once, and nothing moved.
+    for name in ("s", "t"):
+        status = claim_of(cluster, ns, name)["status"]
+        assert set(status) <= {"phase", "conditions", "placement", "queueReason", "ledger",
+                               "envelopeUid", "observedGeneration"}, sorted(status)  # fmt: skip
+    assert envelope_of(cluster, ns, "old")["status"]["totals"] == before

@@ -412,6 +412,9 @@ SETTLEMENT: JsonDict = {
     "at": "2026-01-01T00:00:00Z",
 }
 
+# The claim's line, settled: where a claim's settlement is recorded since status.ledger.
+SETTLED_LINE: JsonDict = {"claim": "a", "phase": "Consumed", "settlement": SETTLEMENT}
+
 
 @dataclass(frozen=True)
 class Case:
@@ -520,6 +523,17 @@ CASES = [
     Case("settlement-removed", "BranchClaim", (), "status.settlement",
          {"status": {"settlement": None}}, unchanged("status", "settlement"),
          status={"settlement": SETTLEMENT}),
+    Case("line-settlement-changed", "BranchClaim", (), "status.ledger.settlement",
+         {"status": {"ledger": {"settlement": {"reason": "Forged"}}}},
+         unchanged("status", "ledger", "settlement"), status={"ledger": SETTLED_LINE},
+         reads=(("status", "ledger", "settlement", "outcome"),),
+         detours=({"status": {"ledger": {"phase": "Released"}}},)),
+    Case("line-settlement-removed", "BranchClaim", (), "status.ledger.settlement",
+         {"status": {"ledger": {"settlement": None}}},
+         unchanged("status", "ledger", "settlement"), status={"ledger": SETTLED_LINE}),
+    Case("line-removed", "BranchClaim", (), "status.ledger.settlement",
+         {"status": {"ledger": None}}, unchanged("status", "ledger", "settlement"),
+         status={"ledger": SETTLED_LINE}),
     Case("capacity-shrinks", "ReservationEnvelope", ("spec", "capacity"), "never shrink",
          {"spec": {"capacity": {"tokens": "1"}}}, only_grows("spec", "capacity")),
     Case("capacity-loses-one", "ReservationEnvelope", ("spec", "capacity"), "never shrink",

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 
 from reservoir import metrics
 from reservoir.cli.plugin import compensation_line, envelope_ledger, history_lines
-from reservoir.core.claimstatus import claim_status, settled_record
+from reservoir.core.claimstatus import claim_status, expanded, settled_record
 from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.ledger import ZERO
 from reservoir.core.lifecycle import LedgerEvent
@@ -217,7 +217,8 @@ def test_the_claim_status_round_trips_its_compensations() -> None:
     ask(sim, "k", {"cost": "1"}).reconcile()
     entry = sim.status.entries["a"]
     status = claim_status(entry, None, None, None, sim.now)
-    assert status.compensations == entry.compensations
+    assert status.ledger == entry, "written once, as the line"
+    assert expanded(status).compensations == entry.compensations, "read as before"
     back = settled_record(status, "a", "a", 1)
     assert back is not None and back.compensations == entry.compensations
 

@@ -10,7 +10,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from reservoir.core.claimstatus import claim_status, settled_record
+from reservoir.core.claimstatus import claim_status, expanded, settled_record
 from reservoir.core.ledgersize import projected_bytes
 from reservoir.core.model import ClaimPhase as P
 from reservoir.core.model import ProviderState as S
@@ -284,7 +284,8 @@ def test_the_history_survives_compaction_into_the_claims_status() -> None:
     sim.provider("a", answer(S.SUCCEEDED, "4")).reconcile()
     history = list(sim.entry("a").history)
     status = claim_status(sim.entry("a"), None, None, 1, sim.now)
-    assert status.history == history
+    assert status.ledger is not None and status.ledger.history == history
+    assert expanded(status).history == history
     record = settled_record(status, "a", "a", 1)
     assert record is not None and record.history == history
     sim.mirror().reconcile()

@@ -72,12 +72,16 @@ def test_a_move_without_a_recorded_transition_is_read_again() -> None:
 
 
 def test_only_a_change_in_usage_alone_may_wait() -> None:
-    before = BranchClaimStatus(phase=ClaimPhase.COMMITTED)
-    reported = before.model_copy(update={"usage": {"tokens": Decimal(3)}})
+    line = LedgerEntry(claim="a", phase=ClaimPhase.COMMITTED)
+    before = BranchClaimStatus(phase=ClaimPhase.COMMITTED, ledger=line)
+    reported = before.model_copy(
+        update={"ledger": line.model_copy(update={"usage": {"tokens": Decimal(3)}})}
+    )
     assert only_usage_moved(before, reported)
     moved = reported.model_copy(update={"phase": ClaimPhase.CONSUMED})
     assert not only_usage_moved(before, moved)
     assert not only_usage_moved(before, before)
+    assert not only_usage_moved(BranchClaimStatus(phase=ClaimPhase.COMMITTED), reported)
 
 
 def test_text_the_api_server_reencodes_is_found_anywhere_in_a_status() -> None:

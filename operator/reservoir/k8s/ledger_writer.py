@@ -1303,14 +1303,14 @@ def ledger_moved(read: ReservationEnvelopeStatus, wanted: ReservationEnvelopeSta
 
 
 def only_usage_moved(previous: BranchClaimStatus, wanted: BranchClaimStatus) -> bool:
-    """Whether the status to write differs from the one shown in the usage so far alone
-    (in the status and in its ledger line)."""
-    if wanted.usage == previous.usage:
+    """Whether the status to write differs from the one shown in its line's usage so far
+    alone."""
+    line, new = previous.ledger, wanted.ledger
+    if line is None or new is None or line.usage == new.usage:
         return False
-    line = previous.ledger
-    if line is not None and wanted.ledger is not None:
-        line = line.model_copy(update={"usage": wanted.ledger.usage})
-    return wanted == previous.model_copy(update={"usage": wanted.usage, "ledger": line})
+    return wanted == previous.model_copy(
+        update={"ledger": line.model_copy(update={"usage": new.usage})}
+    )
 
 
 def workflow_class(envelope: Mapping[str, Any]) -> str:

@@ -28,7 +28,9 @@ async def claims_with_request_id(
         body = as_dict(claim)
         if ((body.get("spec") or {}).get("upstream") or {}).get("requestId") != request_id:
             continue
-        if ((body.get("status") or {}).get("settlement") or {}).get("reason") == DUPLICATE:
+        status = body.get("status") or {}
+        settled = (status.get("ledger") or {}).get("settlement") or status.get("settlement")
+        if (settled or {}).get("reason") == DUPLICATE:
             continue  # it lost already
         found.append(body)
     return found

@@ -11,6 +11,7 @@ from typing import Any
 
 from reservoir.core import contracts
 from reservoir.core.childlines import current, line_of
+from reservoir.core.claimstatus import expanded
 from reservoir.core.inflight import newest
 from reservoir.core.model import (
     Adjustment,
@@ -41,9 +42,9 @@ NOT_ACCEPTING_PHASES = frozenset(
 
 
 def claim_record(obj: Mapping[str, Any]) -> tuple[BranchClaimStatus, LedgerEntry | None]:
-    """A claim's status and its ledger line as the claim carries it (`status.ledger`, None
-    when absent)."""
-    status = BranchClaimStatus.model_validate(obj.get("status") or {})
+    """A claim's status (with its line's fields laid over it: `expanded`) and its ledger
+    line as the claim carries it (`status.ledger`, None when absent)."""
+    status = expanded(BranchClaimStatus.model_validate(obj.get("status") or {}))
     return status, status.ledger
 
 

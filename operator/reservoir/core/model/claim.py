@@ -1,11 +1,12 @@
 """`BranchClaim`: one tool-call branch's draw on its envelope. Its spec (the requests and the
 facts its orchestrator and worker declare, with the CEL rules that keep them facts, and the
-`Compensation`s asked after settlement) and its status (what the operator decided,
-mirroring the claim's ledger line)."""
+`Compensation`s asked after settlement) and its status (what the operator decided: the
+claim's ledger line, with its phase and conditions)."""
 
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from pydantic import (
     ConfigDict,
@@ -345,47 +346,60 @@ class LeaseStatus(Model):
     renewals: int = Field(default=0, ge=0, description="Renewals granted.")
 
 
+# Said of each field of a line that a claim's status carried beside `ledger` (LINE_FIELDS).
+BEFORE_LINE = (
+    "Written only for claims settled before status.ledger existed; since, in status.ledger."
+)
+
+
 class BranchClaimStatus(Model):
     phase: ClaimPhase = Field(default=ClaimPhase.PENDING, description="The claim's phase.")
-    reserved: ResourceMap = recorded_map("What the claim holds (R).")
-    consumed: ResourceMap = recorded_map("What settlement committed (C).")
-    released: ResourceMap = recorded_map("What settlement returned (R − C).")
-    usage: ResourceMap = recorded_map("Latest accepted cumulative usage.")
-    lease: LeaseStatus | None = Field(default=None, description="The claim's lease.")
+    reserved: ResourceMap = recorded_map(f"What the claim holds (R). {BEFORE_LINE}")
+    consumed: ResourceMap = recorded_map(f"What settlement committed (C). {BEFORE_LINE}")
+    released: ResourceMap = recorded_map(f"What settlement returned (R − C). {BEFORE_LINE}")
+    usage: ResourceMap = recorded_map(f"Latest accepted cumulative usage. {BEFORE_LINE}")
+    lease: LeaseStatus | None = Field(default=None, description=f"The claim's lease. {BEFORE_LINE}")
     placement: PlacementStatus | None = Field(default=None, description="Node placement.")
-    settlement: Settlement | None = Field(default=None, description="The settlement record.")
-    late: LateReport | None = Field(default=None, description="Reports after settlement.")
-    overrun: Overrun | None = Field(default=None, description="Usage above the reservation.")
+    settlement: Settlement | None = Field(
+        default=None, description=f"The settlement record. {BEFORE_LINE}"
+    )
+    late: LateReport | None = Field(
+        default=None, description=f"Reports after settlement. {BEFORE_LINE}"
+    )
+    overrun: Overrun | None = Field(
+        default=None, description=f"Usage above the reservation. {BEFORE_LINE}"
+    )
     provider: ProviderRecord | None = Field(
-        default=None, description="The provider's last answer about the upstream operation."
+        default=None,
+        description=f"The provider's last answer about the upstream operation. {BEFORE_LINE}",
     )
     result: str | None = Field(
         default=None,
         max_length=MAX_RESULT_LENGTH,
         description="The result reference, from the final report or the provider: kept after "
-        "settlement (`kubectl reservoir result`).",
+        f"settlement (`kubectl reservoir result`). {BEFORE_LINE}",
     )
     history: list[Transition] = Field(
         default_factory=list,
-        description="Every transition, oldest first (`kubectl reservoir history`).",
+        description=f"Every transition, oldest first. {BEFORE_LINE}",
         json_schema_extra={"maxItems": MAX_TRANSITIONS},
     )
     adjustment: Adjustment | None = Field(
-        default=None, description="A late completion after a deadline decision."
+        default=None, description=f"A late completion after a deadline decision. {BEFORE_LINE}"
     )
     retry: RetryHold | None = Field(
-        default=None, description="What this failed attempt keeps for the next attempt."
+        default=None, description=f"What this failed attempt keeps for a retry. {BEFORE_LINE}"
     )
     occupancy: ResourceMap = recorded_map(
-        "Reusable resources: R times the seconds held, recorded at settlement."
+        f"Reusable resources: R times the seconds held. {BEFORE_LINE}"
     )
     work_ended_at: datetime | None = Field(
         default=None,
         description="When the work was known to have ended before its usage: its Reusable "
-        "resources returned then (status.reusableReturned).",
+        f"resources returned then. {BEFORE_LINE}",
     )
     reusable_returned: ResourceMap = recorded_map(
-        "Reusable resources returned before settlement, once the work ended."
+        f"Reusable resources returned once the work ended. {BEFORE_LINE}"
     )
     compensations: list[CompensationRecord] = compensations_field()
     queue_reason: str | None = Field(
@@ -409,3 +423,21 @@ class BranchClaimStatus(Model):
         json_schema_extra={"maxItems": MAX_CONDITIONS},
     )
     observed_generation: int | None = Field(default=None, description="Spec generation seen.")
+
+    def to_api(self) -> dict[str, Any]:
+        """As the API wants it, without the empty fields of a line (`LINE_FIELDS`): the
+        operator writes the line once, in `ledger`."""
+        empty = {name for name in LINE_FIELDS if not getattr(self, name)}
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True, exclude=empty)
+
+
+# The fields of a claim's line that its status carried beside `ledger` before the line was
+# written once: a claim settled then keeps its record in them (reservoir.core.claimstatus
+# lays a line's fields over them for readers: `expanded`).
+LINE_FIELDS = frozenset(
+    {
+        "reserved", "consumed", "released", "usage", "lease", "settlement", "late", "overrun",
+        "provider", "result", "history", "adjustment", "retry", "occupancy", "work_ended_at",
+        "reusable_returned", "compensations",
+    }
+)  # fmt: skip
