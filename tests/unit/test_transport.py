@@ -14,6 +14,7 @@ import httpx2 as httpx
 import pytest
 from aiohttp import web
 
+from reservoir.k8s import transport
 from reservoir.k8s.transport import AiohttpTransport
 
 pytestmark = pytest.mark.asyncio
@@ -35,6 +36,16 @@ async def serving() -> AsyncIterator[tuple[str, list[web.Request], dict[str, byt
                 body=gzip.compress(b'{"kind": "Status"}'),
                 headers={"Content-Encoding": "gzip", "Content-Type": "application/json"},
             )
+        if request.path == "/cookie":
+            response = web.json_response({}, status=200)
+            response.set_cookie("AWSALB", "sticky1")
+            return response
+        if request.path == "/stall":  # headers at once, then a body that never comes
+            response = web.StreamResponse()
+            await response.prepare(request)
+            await response.write(b'{"items": [')
+            await asyncio.sleep(1)
+            return response
         if request.path == "/watch":
             response = web.StreamResponse()
             await response.prepare(request)
@@ -119,3 +130,57 @@ async def test_a_slow_answer_is_httpx_read_timeout() -> None:
     async with serving() as (base, _, _), client(base, read=0.3) as http:
         with pytest.raises(httpx.ReadTimeout):
             await http.get("/slow")
+
+
+async def test_cookies_are_httpxs_alone() -> None:
+    """The transport keeps no cookie jar of its own: a request carries only what httpx put
+    in it (found by review: a load balancer's sticky cookie was sent after httpx cleared
+    its jar)."""
+    async with serving() as (base, seen, _), client(base) as http:
+        await http.get("/cookie")
+        http.cookies.clear()
+        await http.get("/next")
+    assert "Cookie" not in seen[-1].headers
+
+
+async def test_a_body_that_stalls_is_httpx_read_timeout() -> None:
+    async with serving() as (base, _, _), client(base, read=0.3) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            await http.get("/stall")
+
+
+async def test_a_delete_carries_its_body() -> None:
+    """DeleteOptions (preconditions) travel in a DELETE's body."""
+    options = b'{"kind":"DeleteOptions","preconditions":{"uid":"u"}}'
+    async with serving() as (base, seen, bodies), client(base) as http:
+        await http.request("DELETE", "/things/a", content=options)
+    assert bodies[seen[-1].path_qs] == options
+
+
+async def test_credentials_in_the_server_url_leave_httpxs_header_as_it_is() -> None:
+    async with serving() as (base, seen, _):
+        with_user = base.replace("http://", "http://user:pass@")
+        async with client(with_user) as http:
+            response = await http.get("/", headers={"Authorization": "Bearer t"})
+    assert response.status_code == 201, "sent (aiohttp refuses a URL's credentials and a header)"
+    assert seen[-1].headers.getall("Authorization") == [response.request.headers["Authorization"]]
+
+
+@pytest.mark.parametrize(
+    ("environment", "proxied"),
+    [
+        ({}, False),
+        ({"NO_PROXY": ".svc,10.0.0.0/8"}, False),  # no proxy at all
+        ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "kube.example"}, False),
+        ({"HTTPS_PROXY": "http://proxy:3128"}, True),
+        ({"HTTPS_PROXY": "http://proxy:3128", "NO_PROXY": "other.example"}, True),
+    ],
+)
+async def test_a_proxy_keeps_lightkubes_transport_only_where_it_applies(
+    monkeypatch: pytest.MonkeyPatch, environment: dict[str, str], proxied: bool
+) -> None:
+    for name in ("HTTPS_PROXY", "HTTP_PROXY", "NO_PROXY", "https_proxy", "http_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
+    assert transport._proxied("https://kube.example:6443") is proxied

@@ -289,7 +289,7 @@ class BranchClaimSpec(Model):
         pattern=REQUEST_ID,
         description="A durable reference to the branch's result (a URI or an object's name, "
         "printable ASCII), "
-        "reported with or before the final report. Recorded in status.result and kept "
+        "reported with or before the final report. Recorded in status.ledger.result and kept "
         "after settlement, so a client that reconnects finds the outcome by the claim's "
         "name. Set once.",
     )
