@@ -27,7 +27,6 @@ from typing import Any
 
 import httpx2
 from lightkube import ApiError, AsyncClient, KubeConfig
-from lightkube.config.client_adapter import verify_cluster
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.models.core_v1 import EventSource, ObjectReference
 from lightkube.models.meta_v1 import ObjectMeta
@@ -35,7 +34,7 @@ from lightkube.resources.core_v1 import Event
 from lightkube.types import PatchType
 
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
-from reservoir.k8s.transport import AiohttpTransport
+from reservoir.k8s.transport import fast_client
 from reservoir.sdk import AsyncReservoir
 from reservoir.sdk.errors import NotReservedError
 from reservoir.sdk.views import ClaimView
@@ -53,16 +52,11 @@ RawEnvelope = create_namespaced_resource(RAW_GROUP, "v1", "RawEnvelope", "rawenv
 
 def client_for(kubeconfig: str, connections: int, field_manager: str) -> AsyncClient:
     """A lightkube client on the SDK's own transport (reservoir.k8s.transport: aiohttp)
-    whose pool keeps `connections` connections alive (beyond the pool every request would
-    pay a TLS handshake)."""
-    config = KubeConfig.from_file(kubeconfig)
-    single = config.get()
-    assert single.user is not None
-    context = verify_cluster(single.cluster, single.user, single.abs_file)
-    return AsyncClient(
-        config=config,
+    keeping `connections` connections open (beyond them every request would wait)."""
+    return fast_client(
+        KubeConfig.from_file(kubeconfig),
+        connections,
         field_manager=field_manager,
-        transport=AiohttpTransport(context, connections),
         timeout=httpx2.Timeout(60.0),
     )
 

@@ -7,8 +7,15 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from decimal import Decimal
 
-from reservoir.core.claimstatus import claim_status, expanded, settled_record, settled_view
+from reservoir.core.claimstatus import (
+    claim_status,
+    expanded,
+    line_fields,
+    settled_record,
+    settled_view,
+)
 from reservoir.core.model import BranchClaimStatus, ClaimPhase, LedgerEntry, Settlement
+from reservoir.core.model.claim import LINE_FIELDS
 
 NOW = datetime(2026, 1, 1, tzinfo=UTC)
 SETTLED = Settlement(
@@ -66,3 +73,9 @@ def test_a_claim_settled_before_the_line_keeps_its_record_and_its_settlement() -
     assert rewritten.ledger == record and rewritten.consumed == {}
     again = settled_record(rewritten, "uid-a", "a", 1)
     assert again is not None and settled_view(again) == settled_view(LINE)
+
+
+def test_readers_get_every_field_the_writer_leaves_out() -> None:
+    """`expanded` lays over the status exactly the fields `to_api` leaves out when empty:
+    a field added to one list and not the other would vanish for readers."""
+    assert set(line_fields(LINE, BranchClaimStatus())) == LINE_FIELDS

@@ -88,28 +88,31 @@ def expanded(status: BranchClaimStatus) -> BranchClaimStatus:
     entry = status.ledger
     if entry is None:
         return status
-    return status.model_copy(
-        update={
-            "reserved": entry.reserved if entry.phase.holds_capacity or entry.settlement else {},
-            "consumed": entry.consumed,
-            "released": entry.released,
-            "usage": entry.usage,
-            "lease": _lease(entry),
-            "placement": status.placement or _placement(entry),
-            "settlement": entry.settlement or status.settlement,
-            "late": entry.late if entry.settlement else None,
-            "overrun": entry.overrun,
-            "provider": entry.provider,
-            "result": entry.result,
-            "history": entry.history,
-            "adjustment": entry.adjustment,
-            "retry": entry.retry,
-            "occupancy": entry.occupancy,
-            "work_ended_at": entry.work_ended_at,
-            "reusable_returned": entry.reusable_returned,
-            "compensations": entry.compensations,
-        }
-    )
+    placement = status.placement or _placement(entry)
+    return status.model_copy(update={**line_fields(entry, status), "placement": placement})
+
+
+def line_fields(entry: LedgerEntry, status: BranchClaimStatus) -> dict[str, Any]:
+    """Each of `LINE_FIELDS` as a reader finds it for `entry` on `status`."""
+    return {
+        "reserved": entry.reserved if entry.phase.holds_capacity or entry.settlement else {},
+        "consumed": entry.consumed,
+        "released": entry.released,
+        "usage": entry.usage,
+        "lease": _lease(entry),
+        "settlement": entry.settlement or status.settlement,
+        "late": entry.late if entry.settlement else None,
+        "overrun": entry.overrun,
+        "provider": entry.provider,
+        "result": entry.result,
+        "history": entry.history,
+        "adjustment": entry.adjustment,
+        "retry": entry.retry,
+        "occupancy": entry.occupancy,
+        "work_ended_at": entry.work_ended_at,
+        "reusable_returned": entry.reusable_returned,
+        "compensations": entry.compensations,
+    }
 
 
 # The reasons a claim waits its turn: behind others, at a cap, for room. Each passes on its

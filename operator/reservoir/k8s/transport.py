@@ -130,16 +130,20 @@ class AiohttpTransport(httpx.AsyncBaseTransport):
             await self._session.close()
 
 
-def fast_client(config: SingleConfig | KubeConfig | None = None, **options: Any) -> AsyncClient:
+def fast_client(
+    config: SingleConfig | KubeConfig | None = None, connections: int = 100, **options: Any
+) -> AsyncClient:
     """A lightkube AsyncClient whose requests aiohttp carries (see the module); the same
     configuration lightkube would load (the kubeconfig, or the in-cluster account), with
     its certificate checks. A proxy that applies to the API server keeps lightkube's own
-    transport, and so does a configuration lightkube would refuse (it then says why)."""
+    transport, and so does a configuration lightkube would refuse (it then says why).
+    `connections`: the most kept open at once (beyond them a request waits for one)."""
     single = config if isinstance(config, SingleConfig) else (config or KubeConfig.from_env()).get()
     if single is None or single.user is None or _proxied(single.cluster.server):
         return AsyncClient(config=single or config, **options)
     context = verify_cluster(single.cluster, single.user, single.abs_file)
-    return AsyncClient(config=single, transport=AiohttpTransport(context), **options)
+    transport = AiohttpTransport(context, connections)
+    return AsyncClient(config=single, transport=transport, **options)
 
 
 def _proxied(server: str) -> bool:
