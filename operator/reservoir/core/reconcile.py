@@ -485,7 +485,7 @@ def _claims_in_view(
     # Each claim's facts carry what its ResourceClaim shows, set once here.
     # A claim seen deleted is gone, whatever a lagging view of the claims still shows.
     facts_by_uid = {
-        c.uid: replace(_effective(c, envelope), devices=result.devices_seen.get(c.uid))
+        c.uid: _with_devices(_effective(c, envelope), result.devices_seen.get(c.uid))
         for c in claims
         if c.uid not in departed
     }
@@ -1093,6 +1093,12 @@ def next_deadline(
     if envelope.spec.lifetime_seconds is not None and result.status.closed_at is None:
         moments.append(envelope.created_at + timedelta(seconds=envelope.spec.lifetime_seconds))
     return min(moments, default=None)
+
+
+def _with_devices(facts: ClaimFacts, devices: DeviceFacts | None) -> ClaimFacts:
+    """The facts with what its ResourceClaim shows: the same object when that is already
+    so (a pass reads every claim of its envelope; most hold no devices)."""
+    return facts if facts.devices == devices else replace(facts, devices=devices)
 
 
 def _effective(facts: ClaimFacts, envelope: EnvelopeFacts) -> ClaimFacts:
