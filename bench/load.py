@@ -37,7 +37,7 @@ from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
 from reservoir.k8s.transport import fast_client
 from reservoir.sdk import AsyncReservoir
 from reservoir.sdk.errors import NotReservedError
-from reservoir.sdk.views import ClaimView
+from reservoir.sdk.views import ClaimView, EnvelopeView
 
 SETTLED = frozenset({"Consumed", "Released", "Expired", "Rejected"})
 # Capacity back: settled, or the entry compacted out of the ledger (settled, unseen).
@@ -279,6 +279,8 @@ async def claim_lifecycles(
     slots = asyncio.Semaphore(concurrency)
     progress = Progress(label, len(names))
     samples = [Sample(name, envelope) for name, envelope in names]
+    # Each envelope read once, as an orchestrator does: its claims are held on the view.
+    views = {name: await sdk.ledger(name) for name in sorted({s.envelope for s in samples})}
     stalled = False
     begin = time.monotonic()
 
@@ -288,10 +290,12 @@ async def claim_lifecycles(
             await asyncio.sleep(max(0.0, sample.offered - time.monotonic()))
         try:
             if options.kueue_shape:
-                await _admitted_then_cancelled(sdk, tracker, sample, options, slots)
+                await _admitted_then_cancelled(
+                    sdk, tracker, sample, views[sample.envelope], options, slots
+                )
             else:
                 async with slots:
-                    await _life(sdk, tracker, sample, options)
+                    await _life(sdk, tracker, sample, views[sample.envelope], options)
         except asyncio.CancelledError:
             if not stalled:
                 raise
@@ -321,10 +325,12 @@ async def claim_lifecycles(
     return samples
 
 
-async def _life(sdk: AsyncReservoir, tracker: Tracker, s: Sample, options: Options) -> None:
+async def _life(
+    sdk: AsyncReservoir, tracker: Tracker, s: Sample, envelope: EnvelopeView, options: Options
+) -> None:
     within = options.within
     s.created = time.monotonic()
-    view = await sdk.hold(s.envelope, s.name, options.requests, name=s.name)
+    view = await sdk.hold(envelope, s.name, options.requests, name=s.name)
     uid = view.uid
     if options.sdk_wait:
         await sdk.wait(view, phase="Tentative", within=within)
@@ -358,6 +364,7 @@ async def _admitted_then_cancelled(
     sdk: AsyncReservoir,
     tracker: Tracker,
     s: Sample,
+    envelope: EnvelopeView,
     options: Options,
     creates: asyncio.Semaphore,
 ) -> None:
@@ -367,7 +374,7 @@ async def _admitted_then_cancelled(
     admits the next in its envelope's queue. Nothing is deleted while measured, as there."""
     async with creates:
         s.created = time.monotonic()
-        view = await sdk.hold(s.envelope, s.name, options.requests, name=s.name)
+        view = await sdk.hold(envelope, s.name, options.requests, name=s.name)
     uid = view.uid
     # No wait of its own, as in Kueue's run: every claim is queued from the start, and the
     # last waits for nearly the whole run (a 300 s bound gave up on 11,034 of 15,000 at the

@@ -5,6 +5,7 @@ server checks against the stored status in a patch to the main resource."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -19,7 +20,7 @@ from reservoir.sdk.client import fenced_patch
 from reservoir.sdk.patches import DISPATCH_RELIES_ON, UNSETTLED
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import StartOperator
-from tests.integration.helpers import create_envelope, wait_phase
+from tests.integration.helpers import create_envelope, eventually, wait_phase
 
 CLAIM = "branchclaims"
 ENVELOPE = "reservationenvelopes"
@@ -130,6 +131,46 @@ def test_a_verb_reads_no_envelope_and_a_fresh_view_costs_one_patch(
     # What the user asked of the envelope still reads it.
     sdk.claims("wf")
     assert ("GET", ENVELOPE) in requests.take()
+
+
+def test_a_hold_on_an_envelope_view_reads_nothing_and_is_owned_by_that_envelope(
+    cluster: ClusterHandle, ns: str, sdk: Reservoir, requests: Requests
+) -> None:
+    """An orchestrator holding many branches reads its envelope once: each hold on the view
+    is one POST, owned by the envelope the view shows. A view of an envelope deleted since
+    owns its claims by the old UID, so the garbage collector deletes them (no operator
+    runs here: the claim stays, being deleted, behind its finalizer)."""
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    view = sdk.ledger("wf")
+    requests.take()
+    claims = [sdk.hold(view, f"b{n}", {"tokens": "10"}, name=f"b{n}") for n in range(3)]
+    assert requests.take() == [("POST", CLAIM)] * 3
+    for claim in claims:
+        owners = json.loads(
+            cluster.kubectl(
+                "get", "bclaim", claim.name, "-n", ns, "-o", "jsonpath={.metadata.ownerReferences}"
+            )
+        )
+        assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [
+            ("ReservationEnvelope", "wf", view.uid)
+        ]
+
+    elsewhere = dataclasses.replace(view, namespace="another")
+    with pytest.raises(ValueError, match="not in this client's namespace"):
+        sdk.hold(elsewhere, "c", {"tokens": "10"}, name="c")
+    assert requests.take() == [], "refused before any request"
+
+    cluster.kubectl("delete", "renv", "wf", "-n", ns, "--wait=true")
+    create_envelope(cluster, ns, "wf", {"tokens": "100"})
+    orphan = sdk.hold(view, "late", {"tokens": "10"}, name="late")
+
+    def collected() -> bool:
+        stamp = cluster.kubectl(
+            "get", "bclaim", orphan.name, "-n", ns, "-o", "jsonpath={.metadata.deletionTimestamp}"
+        )
+        return bool(stamp.strip())
+
+    eventually("the claim owned by the deleted envelope is garbage-collected", collected, 60)
 
 
 def test_a_stale_view_is_refused_by_the_patchs_test_of_the_status(

@@ -432,7 +432,7 @@ class AsyncReservoir:
 
     async def hold(
         self,
-        envelope: str,
+        envelope: str | EnvelopeView,
         branch: str,
         requests: Mapping[str, str | int],
         *,
@@ -457,7 +457,24 @@ class AsyncReservoir:
         With `name`, the hold is idempotent: if a claim of that name already exists and is
         the one this call would create (`spec_differences` finds nothing), it is returned as
         it is now, settled or not; otherwise `ClaimExistsError` names the fields that
-        differ, and nothing is written."""
+        differ, and nothing is written.
+
+        `envelope` by name, or as an `EnvelopeView` (from `ledger`): by name, the envelope
+        is read for its UID (the claim's owner reference); a view gives it, so an
+        orchestrator that holds many branches on one envelope reads it once. The claim is
+        owned by that envelope: if it was deleted since (even if another was made under its
+        name), the garbage collector deletes the claim, which is settled as any deleted
+        claim is."""
+        owner_uid: str | None = None
+        if isinstance(envelope, EnvelopeView):
+            if envelope.namespace != self.namespace:
+                raise ValueError(
+                    f"envelope {envelope.namespace}/{envelope.name} is not in this client's "
+                    f"namespace {self.namespace!r}: a claim draws on its own namespace's "
+                    "envelopes"
+                )
+            owner_uid = envelope.uid or None
+            envelope = envelope.name
         spec = BranchClaimSpec(
             envelope=envelope,
             branch=branch,
@@ -475,7 +492,9 @@ class AsyncReservoir:
             await self._refuse_duplicate_request(spec.upstream.request_id, name)
         # Born with what the operator would otherwise patch in: the claim finalizer and,
         # when the envelope exists, its owner reference (as the operator sets it).
-        owner = await self._read_envelope(envelope)
+        if owner_uid is None:
+            owner = await self._read_envelope(envelope)
+            owner_uid = owner["metadata"]["uid"] if owner is not None else None
         metadata = ObjectMeta(
             name=name,
             generateName=None if name else f"{envelope}-{branch}-"[:58],
@@ -488,10 +507,10 @@ class AsyncReservoir:
                         apiVersion=f"{API_GROUP}/{API_VERSION}",
                         kind="ReservationEnvelope",
                         name=envelope,
-                        uid=owner["metadata"]["uid"],
+                        uid=owner_uid,
                     )
                 ]
-                if owner is not None
+                if owner_uid is not None
                 else None
             ),
         )
@@ -1065,7 +1084,11 @@ class Reservoir:
         return self._run(self._async.wait(claim, phase, condition, within))
 
     def hold(
-        self, envelope: str, branch: str, requests: Mapping[str, str | int], **options: Any
+        self,
+        envelope: str | EnvelopeView,
+        branch: str,
+        requests: Mapping[str, str | int],
+        **options: Any,
     ) -> ClaimView:
         return self._run(self._async.hold(envelope, branch, requests, **options))
 
