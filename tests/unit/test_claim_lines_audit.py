@@ -256,6 +256,10 @@ class ClaimLinesAudit(RuleBasedStateMachine):
 
         def decide(claims: dict[str, Claim], fresh: bool) -> Reconciliation:
             facts = [c.facts for c in claims.values()]
+            # What a pass reads it never writes to: its moves are made on copies, and its
+            # `before` are the lines as read (the same objects, kept for later passes).
+            status_read = status.model_copy(deep=True)
+            lines_read = {f.uid: f.line.model_copy(deep=True) for f in facts if f.line}
             decided = passing_quiet_by(
                 lambda quiet: reconcile(
                     self.envelope_facts, status, facts, self.now, departed=departed,
@@ -263,6 +267,10 @@ class ClaimLinesAudit(RuleBasedStateMachine):
                 ),
                 self.quiet,
             )  # fmt: skip
+            assert status == status_read, "a pass wrote to the envelope's status as read"
+            assert {f.uid: f.line for f in facts if f.line} == lines_read, (
+                "a pass wrote to a claim's line as read"
+            )
             self.quiet = decided.quiet
             return decided
 

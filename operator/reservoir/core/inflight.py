@@ -123,6 +123,10 @@ class View:
     in_flight: dict[str, LedgerEntry] = field(default_factory=dict)  # not yet retired
     held: dict[str, LedgerEntry] = field(default_factory=dict)  # uid -> the claim's line
     recorded: frozenset[str] = frozenset()  # the envelope's entries as read (any retired)
+    # uid -> the line `lines` holds a copy of, as read: the pass moves the copies and
+    # compares them with these, which nothing writes to (a claim's facts may be kept for
+    # the next pass; the envelope's entries are the status as read).
+    read: dict[str, LedgerEntry] = field(default_factory=dict)
 
 
 def merge(
@@ -145,10 +149,12 @@ def merge(
         view.held[uid] = line
         if counts(line):
             view.lines[uid] = line.model_copy(deep=True)
+            view.read[uid] = line
     for uid, entry in entries.items():
         if uid not in view.held:
             view.in_flight[uid] = entry
             view.lines[uid] = entry.model_copy(deep=True)
+            view.read[uid] = entry
     return view
 
 

@@ -534,7 +534,13 @@ def _claims_in_view(
     # Every line in view, the pass's to move: `result.entry` reads them from the start of
     # the pass (`_place` then keeps in the envelope only those in flight).
     ledger.entries = result.lines = view.lines
-    result.before = {uid: line.model_copy(deep=True) for uid, line in view.lines.items()}
+    # The lines as read, not copied again (a pass over an envelope with N live claims made
+    # 2N deep copies: 40 % of the operator's CPU while 100-claim envelopes filled, profiled);
+    # a line made by this pass (what lost claims held) starts as a copy of itself.
+    result.before = {
+        uid: view.read[uid] if uid in view.read else line.model_copy(deep=True)
+        for uid, line in view.lines.items()
+    }
     result.new_lines_room = IN_FLIGHT_LIMIT - len(view.in_flight)
     result.room_bytes = LEDGER_BYTES_BUDGET - ledger_bytes(
         view.in_flight.values(), result.dimensions
