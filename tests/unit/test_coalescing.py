@@ -154,6 +154,9 @@ class Run:
     last: dict[str, LedgerEntry] = field(default_factory=dict)
     result: Reconciliation | None = None
     handed: dict[str, datetime] = field(default_factory=dict)  # uid -> recorded hand-off
+    # uid -> the pod its first hand-off went to: a pod re-created within the same second is
+    # another hand-off, which the time alone does not tell apart
+    handed_to: dict[str, str | None] = field(default_factory=dict)
     lifted: set[tuple[str, int]] = field(default_factory=set)  # (uid, pod) gates it lifted
     suspended: set[str] = field(default_factory=set)  # uids whose Job it suspended (a cancel)
     runner: asyncio.Runner | None = None  # runs its writer's provider calls
@@ -284,6 +287,7 @@ class Run:
                     assert handed == self.handed[uid], f"{uid} forgot its hand-off"
             if handed is not None:
                 self.handed.setdefault(uid, handed)
+                self.handed_to.setdefault(uid, self.status.entries[uid].handed_off_to)
             self.last[uid] = now.model_copy(deep=True)
 
 
@@ -685,7 +689,7 @@ def compare(a: Run, b: Run, with_jobs: frozenset[str] = frozenset()) -> int:
             continue
         if (left.first_reserved_at, left.reserved) != (right.first_reserved_at, right.reserved):
             continue  # admitted differently: admission depends on what the operator saw
-        if a.handed.get(uid) != b.handed.get(uid):
+        if (a.handed.get(uid), a.handed_to.get(uid)) != (b.handed.get(uid), b.handed_to.get(uid)):
             continue  # handed off differently: so does the hand-off (module docstring)
         if (left.devices is None) != (right.devices is None):
             continue  # recorded an allocation one run saw and the other missed (docstring)
@@ -1063,6 +1067,41 @@ def test_a_workload_pod_replaced_between_two_looks_settles_alike() -> None:
         ],
     )
     play(history, only_last, replace_unseen=True)
+
+
+def test_a_pod_replaced_before_one_run_looked_is_another_hand_off() -> None:
+    """Found by the audit (a gap in this comparison, not in the operator): in one instant
+    c0's devices are allocated, its gated workload pod appears, vanishes, and a new gated
+    pod appears; then it is cancelled. The run that looked after each write handed off to
+    the first pod, which then vanished (it may have run: the claim is Detached, never
+    released on a guess); the run that looked only at the end handed off to the second.
+    Both at the same second: only the pod tells these hand-offs apart, and claims handed
+    off differently are not compared (module docstring)."""
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(capacity={"tokens": 20, "gpu": 2, GPU: 2}), created_at=T0
+    )
+    history = History(
+        envelope,
+        [
+            (0, [Write("create", 0, (0, 0, False, 0, "Dispatch", 2))]),
+            (
+                0,
+                [
+                    Write("allocate", 0, (0, True)),
+                    Write("gated", 0),
+                    Write("pod_gone", 0),
+                    Write("gated", 0),
+                ],
+            ),
+            (0, [Write("cancel", 0)]),
+        ],
+    )
+    every_step, coalesced = play(history, only_last)
+    left, right = every_step.entry("c0"), coalesced.entry("c0")
+    assert left is not None and right is not None
+    assert left.handed_off_at == right.handed_off_at
+    assert left.handed_off_to != right.handed_off_to
+    assert left.phase is ClaimPhase.DETACHED, left.phase
 
 
 def test_a_cancel_missed_next_to_the_final_report_is_still_recorded() -> None:
