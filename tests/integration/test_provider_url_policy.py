@@ -73,6 +73,23 @@ def url_policy(cluster: ClusterHandle, crds: None) -> Iterator[Any]:
     yield install
     for out in installed[-1:]:
         cluster.kubectl("delete", "--ignore-not-found", "-f", "-", input=out)
+        wait_unenforced(cluster)
+
+
+def wait_unenforced(cluster: ClusterHandle) -> None:
+    """Until no provider URL policy refuses a loopback URL: the API server stops enforcing
+    a deleted policy a moment after the deletion (a later test may count on none: found
+    when the next test's loopback envelope was refused by the policy just deleted)."""
+    probe = envelope("default", "probe", "http://127.0.0.1:9/{operationId}")
+
+    def admitted() -> bool:
+        try:
+            cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=probe)
+        except RuntimeError:
+            return False
+        return True
+
+    eventually("no provider URL policy enforced", admitted, timeout=60)
 
 
 def wait_enforced(cluster: ClusterHandle, ns: str, url: str, expected: str) -> None:
@@ -151,6 +168,7 @@ def test_an_operator_never_calls_a_loopback_listener_even_when_allow_listed(
     """No admission policy here (as with admissionPolicy.enabled false), and an operator
     allowed 127.0.0.0/8 and localhost: the operator itself refuses loopback. Another
     envelope's allowed provider is called and settles its claim."""
+    wait_unenforced(cluster)  # a policy an earlier test (or chart) installed has gone
     with (
         provider_server(host="127.0.0.1") as loopback,
         provider_server() as allowed,
