@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,14 +29,18 @@ from lightkube.models.meta_v1 import ObjectMeta
 from lightkube.resources.core_v1 import Namespace
 from lightkube.types import PatchType
 
-from request_costs import fill_ledger
-from reservoir.k8s.resources import BranchClaim, get_object
-from reservoir.k8s.transport import fast_client
-
 REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "hack")]
+
+from localcluster import ClusterState, build_binaries  # noqa: E402
+from request_costs import fill_ledger  # noqa: E402
+from reservoir.k8s.resources import BranchClaim, get_object  # noqa: E402
+from reservoir.k8s.transport import fast_client  # noqa: E402
+from run import proc_cpu_seconds  # noqa: E402
+
 CRD = REPO / "crds" / "reservoir.dev_branchclaims.yaml"
 CLUSTER = Path(os.environ.get("RESERVOIR_CLUSTER_DIR") or REPO / ".cluster")
-KUBECTL = os.environ.get("KUBECTL") or str(Path.home() / ".cache/reservoir/bin/current/kubectl")
+KUBECTL = str(build_binaries() / "kubectl")
 CLAIMS, WRITES, IN_FLIGHT, ROUNDS = 40, 1600, 24, 2
 
 # Which rules each variant removes, by the path of the schema node that declares them.
@@ -50,9 +55,7 @@ VARIANTS: dict[str, Callable[[str], bool]] = {
 
 def apiserver_cpu() -> float:
     """This cluster's API server (another may run beside it: a benchmark's, the tests')."""
-    pid = json.loads((CLUSTER / "state.json").read_text())["pids"]["kube-apiserver"]
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return proc_cpu_seconds(ClusterState.load(CLUSTER / "state.json").pids["kube-apiserver"])
 
 
 def without_rules(node: dict[str, Any], removed: Callable[[str], bool], path: str = "") -> None:
@@ -79,11 +82,12 @@ def apply(variant: str) -> None:
 
 
 def install_crds() -> None:
-    subprocess.run(
-        [KUBECTL, "apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds")],
-        check=True,
-        capture_output=True,
-    )
+    """crds/ applied, and served: a kind just created answers 404 until it is established."""
+    for command in (
+        ["apply", "--server-side", "--force-conflicts", "-f", str(REPO / "crds")],
+        ["wait", "--for=condition=Established", "crd", "--all", "--timeout=60s"],
+    ):
+        subprocess.run([KUBECTL, *command], check=True, capture_output=True)
 
 
 async def main() -> dict[str, list[float]]:

@@ -39,10 +39,10 @@ def envelope(ns: str, name: str, status_url: str, cancel_url: str | None = None)
     )
 
 
-def apply_error(cluster: ClusterHandle, body: str) -> str | None:
+def apply_error(cluster: ClusterHandle, body: str, *flags: str) -> str | None:
     """None if the API server admitted the object, else kubectl's error."""
     try:
-        cluster.kubectl("apply", "-f", "-", input=body)
+        cluster.kubectl("apply", *flags, "-f", "-", input=body)
     except RuntimeError as error:
         return str(error)
     return None
@@ -81,15 +81,11 @@ def wait_unenforced(cluster: ClusterHandle) -> None:
     a deleted policy a moment after the deletion (a later test may count on none: found
     when the next test's loopback envelope was refused by the policy just deleted)."""
     probe = envelope("default", "probe", "http://127.0.0.1:9/{operationId}")
-
-    def admitted() -> bool:
-        try:
-            cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=probe)
-        except RuntimeError:
-            return False
-        return True
-
-    eventually("no provider URL policy enforced", admitted, timeout=60)
+    eventually(
+        "no provider URL policy enforced",
+        lambda: apply_error(cluster, probe, "--dry-run=server") is None,
+        timeout=60,
+    )
 
 
 def wait_enforced(cluster: ClusterHandle, ns: str, url: str, expected: str) -> None:
