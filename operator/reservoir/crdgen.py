@@ -19,6 +19,7 @@ typed and bounded (tests/unit/test_crds.py checks it and computes the worst-case
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from pydantic import BaseModel
 from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
+    CLAIM_SPEC_RULES,
     EXECUTION_FACTS_UNCHANGED,
     BranchClaimSpec,
     BranchClaimStatus,
@@ -263,17 +265,38 @@ LINE_SETTLEMENT_IS_PERMANENT = {
 }
 
 
-def on_deleting_claims(spec_rule: str) -> str:
-    """A spec rule, read as a policy over a claim update whose object is being deleted."""
-    return spec_rule.replace("oldSelf.", "oldObject.spec.").replace("self.", "object.spec.")
+def over_claims(spec_rule: str) -> str:
+    """A spec rule (over `self` and `oldSelf`, the spec after and before a write), read as a
+    policy's expression over the claim (`object` and `oldObject`; the spec is required)."""
+    text = spec_rule.replace("oldSelf.", "oldObject.spec.").replace("self.", "object.spec.")
+    if re.search(r"\b(self|oldSelf)\b", text):
+        raise ValueError(f"a spec rule that reads self other than by field: {spec_rule}")
+    return text
+
+
+def policy_validation(spec_rule: dict[str, str]) -> dict[str, str]:
+    """A claim spec rule as the policy's validation: a transition rule (one that reads
+    `oldSelf`) holds on a create, which has no old object, as on the CRD's schema."""
+    expression = over_claims(spec_rule["rule"])
+    if "oldSelf" in spec_rule["rule"]:
+        expression = f"oldObject == null || ({expression})"
+    return {"expression": expression, "message": spec_rule["message"]}
 
 
 def claim_admission_policy() -> list[dict[str, Any]]:
-    """The ordering CRD rules cannot see: a deletion is a prune, so a claim being deleted
-    cannot be dispatched afterwards, nor (if not dispatched first) report that it ran. The
-    operator then reads the same settlement whether it saw the deletion first or not."""
+    """The claim's spec rules (CLAIM_SPEC_RULES), and the ordering CRD rules cannot see.
+
+    The spec rules run here rather than on the CRD's schema because the API server runs a
+    schema's rules on every write of the object, status writes included, where the spec
+    cannot change; this policy matches writes of the claim itself (not its status
+    subresource), and only those that change the spec.
+
+    A deletion is a prune, so a claim being deleted cannot be dispatched afterwards, nor
+    (if not dispatched first) report that it ran. The operator then reads the same
+    settlement whether it saw the deletion first or not."""
     name = f"branchclaims.{API_GROUP}"
     dispatched = "(has(oldObject.spec.dispatch) && oldObject.spec.dispatch)"
+    deleting = "oldObject == null || !has(oldObject.metadata.deletionTimestamp)"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -285,24 +308,32 @@ def claim_admission_policy() -> list[dict[str, Any]]:
                     {
                         "apiGroups": [API_GROUP],
                         "apiVersions": [API_VERSION],
-                        "operations": ["UPDATE"],
+                        "operations": ["CREATE", "UPDATE"],
                         "resources": ["branchclaims"],
                     }
                 ]
             },
-            "validations": [
+            # A write that leaves the spec as it was (a finalizer removed, a label) has
+            # nothing here to break: such writes never wait on these rules.
+            "matchConditions": [
                 {
-                    "expression": "!has(oldObject.metadata.deletionTimestamp) || "
+                    "name": "spec-written",
+                    "expression": "oldObject == null || object.spec != oldObject.spec",
+                }
+            ],
+            "validations": [
+                *(policy_validation(rule) for rule in CLAIM_SPEC_RULES),
+                {
+                    "expression": f"{deleting} || "
                     "(has(object.spec.dispatch) && object.spec.dispatch) == "
                     "(has(oldObject.spec.dispatch) && oldObject.spec.dispatch)",
                     "message": "a claim being deleted cannot be dispatched: create a new claim",
                 },
                 {
-                    "expression": "!has(oldObject.metadata.deletionTimestamp) || "
-                    f"{dispatched} || "
+                    "expression": f"{deleting} || {dispatched} || "
                     "(has(oldObject.spec.commitPoint) && "
                     "oldObject.spec.commitPoint != 'Dispatch') || "
-                    f"({on_deleting_claims(EXECUTION_FACTS_UNCHANGED)})",
+                    f"({over_claims(EXECUTION_FACTS_UNCHANGED)})",
                     "message": "a claim deleted before dispatch never ran: it cannot report "
                     "usage or a provider start",
                 },
@@ -394,7 +425,9 @@ RELEASE_NAME = '{{ include "reservoir.fullname" . }}-branchclaims'
 
 def chart_admission_template() -> str:
     """The admission policy as a Helm template: named after the release (so a release owns
-    its own cluster-scoped copy and uninstalling removes it), labelled, switchable."""
+    its own cluster-scoped copy and uninstalling removes it), labelled, and always there:
+    it holds the claim's spec rules, part of the API like the CRD's schema
+    (`admissionPolicy.enabled` switches the tenant and operator policies only)."""
     documents = []
     for document in claim_admission_policy():
         document = {**document, "metadata": {"name": RELEASE_NAME}}
@@ -405,12 +438,7 @@ def chart_admission_template() -> str:
             raise ValueError("the policy's text would be read as a Helm template")
         labels = '  labels:\n    {{- include "reservoir.labels" . | nindent 4 }}\n'
         documents.append(text.replace("\nspec:\n", f"\n{labels}spec:\n", 1))
-    return (
-        CHART_TEMPLATE_HEADER
-        + "{{- if .Values.admissionPolicy.enabled }}\n"
-        + "---\n".join(documents)
-        + "{{- end }}\n"
-    )
+    return CHART_TEMPLATE_HEADER + "---\n".join(documents)
 
 
 def chart_files() -> dict[str, str]:

@@ -1,18 +1,14 @@
 """`BranchClaim`: one tool-call branch's draw on its envelope. Its spec (the requests and the
-facts its orchestrator and worker declare, with the CEL rules that keep them facts, and the
-`Compensation`s asked after settlement) and its status (what the operator decided: the
-claim's ledger line, with its phase and conditions)."""
+facts its orchestrator and worker declare, with the CEL rules that keep them facts, which
+the claim's admission policy runs, and the `Compensation`s asked after settlement) and its
+status (what the operator decided: the claim's ledger line, with its phase and conditions)."""
 
 from __future__ import annotations
 
 from datetime import datetime
 from typing import Any
 
-from pydantic import (
-    ConfigDict,
-    Field,
-)
-from pydantic.config import JsonValue
+from pydantic import Field
 
 from reservoir.core.model.common import (
     DEVICE_CLASSES,
@@ -109,10 +105,14 @@ EXECUTION_FACTS_UNCHANGED = (
 
 UPSTREAM_RANK = "{" + ", ".join(f"'{s.value}': {s.rank}" for s in UpstreamState) + "}"
 
-# Rules over several fields of a claim's spec, checked by the API server (with oldSelf).
+# Rules over several fields of a claim's spec, written over `self` and `oldSelf` (the spec
+# before and after a write) and checked by the claim's ValidatingAdmissionPolicy
+# (reservoir.crdgen), on writes of the spec only. On the CRD's spec schema the API server
+# ran them on every status write too, where the spec cannot change: measured, a seventh of
+# the API server's CPU for each of the operator's claim status writes (bench/cel_costs.py).
 # Every field they read has a schema default or is required, and each rule also reads
 # absent fields as their default through has(): removing a field cannot skip a rule.
-CLAIM_SPEC_RULES: list[JsonValue] = [
+CLAIM_SPEC_RULES: list[dict[str, str]] = [
     {
         "rule": "!(has(oldSelf.dispatch) && oldSelf.dispatch) || "
         "(has(self.dispatch) && self.dispatch)",
@@ -198,8 +198,6 @@ CLAIM_SPEC_RULES: list[JsonValue] = [
 
 class BranchClaimSpec(Model):
     """What one branch asks for, and the facts its orchestrator and worker declare."""
-
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": CLAIM_SPEC_RULES})
 
     envelope: str = Field(
         min_length=1,
