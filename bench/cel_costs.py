@@ -8,9 +8,12 @@ API server's process is read from the cluster's state file), with crds/ applied 
 operator running: 40 claims admitted by the writer itself (request_costs.fill_ledger),
 then rounds of the operator's kind of status write (the whole status, one field moved), 24
 in flight, under each variant of the BranchClaim CRD in turn: as shipped, without its
-root rules, without the rules under `spec`, without the `spec` object's own rules, and
-with none. API server CPU per write, from /proc. The CRD as shipped is applied again at
-the end. Not a test: a measurement behind the README's "where the time goes"."""
+root rules, without the rules under `spec`, and with none. API server CPU per write, from
+/proc. The CRD as shipped is applied again at the end. Not a test: a measurement behind
+the README's "where the time goes". (The rules over several spec fields, once on the
+`spec` object itself, are the claim's admission policy's since 7a2a4ed: status writes no
+longer meet them. `git show c6fd2ec:crds/reservoir.dev_branchclaims.yaml` is the CRD
+that still had them.)"""
 
 from __future__ import annotations
 
@@ -48,7 +51,6 @@ VARIANTS: dict[str, Callable[[str], bool]] = {
     "as shipped": lambda path: False,
     "no root rules": lambda path: path == "",
     "no rules under spec": lambda path: path.startswith(".spec"),
-    "no rules on spec itself": lambda path: path == ".spec",
     "no rules": lambda path: True,
 }
 
