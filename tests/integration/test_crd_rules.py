@@ -160,6 +160,7 @@ def _rules_in(kind: str, version: str, node: JsonDict, path: FieldPath) -> list[
 class Reply:
     code: int
     body: JsonDict
+    warnings: list[str] = field(default_factory=list)  # the Warning headers
 
     @property
     def ok(self) -> bool:
@@ -214,7 +215,8 @@ class Api:
             payload = response.json() if response.content else {}
         except ValueError:
             payload = {"message": response.text}
-        return Reply(response.status_code, payload if isinstance(payload, dict) else {})
+        body = payload if isinstance(payload, dict) else {}
+        return Reply(response.status_code, body, response.headers.get_list("warning"))
 
     def get(self, kind: str, ns: str, name: str) -> JsonDict:
         reply = self.send("GET", self.url(kind, ns, name))
@@ -796,10 +798,43 @@ def violate(api: Api, ns: str, case: Case, name: str) -> Reply:
     return api.merge(case.kind, ns, name, case.violation, status=status)
 
 
+WARN_BINDING = "crd-rules-test-warn"  # see `policies`
+BINDINGS = "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicybindings"
+
+
 @pytest.fixture(scope="module")
-def policies(api: Api, space: str) -> None:
+def policies(api: Api, space: str) -> Iterator[None]:
     """An admission policy takes a moment to be in force after it is created (the `crds`
-    fixture only waits for the CRDs): wait until each policy case's violation is refused."""
+    fixture only waits for the CRDs): wait until each policy case's violation is refused.
+
+    A policy's Deny answer names only the first of its rules that fails, so it cannot show
+    that a case breaks one rule alone (found by review). A second binding of each policy,
+    with the Warn action, names every rule that fails in a Warning header: `refused_by`
+    counts them."""
+    names = {doc["metadata"]["name"] for doc in manifests() if is_policy(doc)}
+    for name in names:
+        body = {
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": f"{WARN_BINDING}-{name}"},
+            "spec": {"policyName": name, "validationActions": ["Warn"]},
+        }
+        reply = api.send("POST", BINDINGS, body)
+        assert reply.ok or reply.code == 409, reply
+    try:
+        wait_until_in_force(api, space)
+        yield
+    finally:
+        for name in names:
+            api.send("DELETE", f"{BINDINGS}/{WARN_BINDING}-{name}")
+
+
+def is_policy(doc: JsonDict) -> bool:
+    return doc.get("kind") == "ValidatingAdmissionPolicy"
+
+
+def wait_until_in_force(api: Api, space: str) -> None:
+    """Until each policy case's violation is refused by its rule, and warned of by it alone."""
     for case in CASES:
         if not case.admission:
             continue
@@ -897,9 +932,14 @@ def test_a_rule_without_old_self_is_checked_on_create_and_on_update(
 
 
 def refused_by(reply: Reply, rule: Rule) -> bool:
-    """Refused by this rule and by no other: each rule is shown to work on its own."""
+    """Refused by this rule and by no other: each rule is shown to work on its own (for a
+    policy's rule, the Warn binding of `policies` names each of its rules that failed)."""
     if not reply.invalid or len(reply.causes) != 1:
         return False
+    if rule.policy:
+        failed = [w for w in reply.warnings if f"ValidatingAdmissionPolicy '{rule.policy}'" in w]
+        if len(failed) != 1 or rule.message not in failed[0]:
+            return False
     where, message = reply.causes[0]
     # A schema rule names its field ("<nil>" for the root); a policy names none.
     expected = "" if rule.policy else (dotted(rule.path) if rule.path else "<nil>")

@@ -42,7 +42,6 @@ SWITCHES: dict[str, tuple[Any, Any]] = {
 }
 # The chart's ValidatingAdmissionPolicies, each with a binding of the same name.
 POLICIES = (
-    "branchclaims",
     "operator-pods",
     "operator-jobs",
     "operator-resourceclaims",
@@ -656,12 +655,36 @@ def test_install_upgrade_uninstall(
     ]
     assert not leftovers, f"left behind by helm uninstall: {leftovers}"
     assert not exists(cluster, "role", full, ns) and not exists(cluster, "kopfpeering", full, ns)
-    # The CRDs stay (and with them every envelope and claim), as Helm does.
+    # The CRDs stay (and with them every envelope and claim), as Helm does, and so does the
+    # claim's admission policy that comes with them (its spec rules).
     assert exists(cluster, "crd", "branchclaims.reservoir.dev")
+    assert exists(cluster, "validatingadmissionpolicy", "branchclaims.reservoir.dev")
     eventually(
         "edit to drop the worker's rules",
         lambda: "branchclaims" not in cluster.kubectl("get", "clusterrole", "edit", "-o", "yaml"),
     )
+
+
+def test_the_claim_policy_comes_with_the_crds_not_with_a_release() -> None:
+    """The claim's spec rules live in its admission policy: the chart carries it in crds/,
+    which Helm installs once and never upgrades, rolls back or deletes, as the CRDs (found by
+    review: as a release's template, `helm uninstall` or a rollback took the rules away while
+    the claims stayed). Whatever the values, no template renders it."""
+    args = ["template", "rel", str(CHART), "--kube-version", KUBE_VERSION, "--include-crds"]
+    out = helm(None, *args)
+    with_crds = [doc for doc in yaml.safe_load_all(out) if doc]
+    claim_policy = [
+        (doc["kind"], doc["metadata"]["name"])
+        for doc in with_crds
+        if doc["metadata"]["name"] == "branchclaims.reservoir.dev"
+        and doc["kind"].startswith("ValidatingAdmissionPolicy")
+    ]
+    assert sorted(claim_policy) == [
+        ("ValidatingAdmissionPolicy", "branchclaims.reservoir.dev"),
+        ("ValidatingAdmissionPolicyBinding", "branchclaims.reservoir.dev"),
+    ]
+    for values in ({}, {"admissionPolicy.enabled": False}):
+        assert not [d for d in render(values) if "branchclaims.reservoir.dev" in str(d["metadata"])]
 
 
 def rules_text(policy: dict[str, Any]) -> str:
@@ -717,9 +740,7 @@ def test_the_admission_policies_bind_the_operator_and_keep_its_own_from_others()
         "reservationenvelopes/status",
         "reservationpools/status",
     ]
-    # The switch is for the tenant and operator policies: the claim's spec rules are part
-    # of its API, like the CRD's schema, and stay.
-    assert set(policies(render({"admissionPolicy.enabled": False}))) == {"branchclaims"}
+    assert not policies(render({"admissionPolicy.enabled": False}))
     # No exempt group: nobody but the operator passes.
     strict = policies(render({"admissionPolicy.exemptGroups": []}))
     assert "system:masters" not in rules_text(strict["status"])

@@ -305,15 +305,20 @@ CHART = CRDS.parent / "charts" / "reservoir"
 def test_the_chart_carries_the_same_crds_and_policy_and_drift_there_is_caught(
     tmp_path: Path,
 ) -> None:
-    """One source of truth: the chart's crds/ are crds/'s CRDs (and kopf's peering CRDs),
-    its admission template is crds/'s policy named per release, and `--check` fails when
-    any of them drifts."""
-    for name in (*crdgen.crds(), "kopf.dev_peerings.yaml"):
+    """One source of truth: the chart's crds/ are crds/'s CRDs, kopf's peering CRDs and the
+    claim's admission policy (there, not in templates/: the policy holds rules of the
+    claim's API, and Helm installs crds/ once and never upgrades, rolls back or deletes
+    it, as with the CRDs), and `--check` fails when any of them drifts."""
+    names = set(crdgen.manifests())
+    assert crdgen.CLAIM_POLICY_FILE in names and "kopf.dev_peerings.yaml" in names
+    assert {p.name for p in (CHART / "crds").glob("*.yaml")} == names
+    for name in names:
         assert (CHART / "crds" / name).read_text() == (CRDS / name).read_text(), name
-    template = (CHART / "templates" / "admission-policy.yaml").read_text()
-    for document in crdgen.claim_admission_policy():
-        for validation in document["spec"].get("validations", []):
-            assert yaml.safe_dump(validation["expression"], width=100)[:60] in template
+    policy_file = sorted(p.name for p in CRDS.glob("*.yaml"))[0]
+    assert policy_file == crdgen.CLAIM_POLICY_FILE, "applied first: in force before the CRD"
+    assert not [
+        t for t in (CHART / "templates").iterdir() if "branchclaims.reservoir.dev" in t.read_text()
+    ], "the claim's policy is not a release's object"
 
     crds, chart = tmp_path / "crds", tmp_path / "charts" / "reservoir"
     assert crdgen.main([str(crds)]) == 0  # generates both, the chart next to crds/
@@ -321,7 +326,7 @@ def test_the_chart_carries_the_same_crds_and_policy_and_drift_there_is_caught(
     for drifted in (
         chart / "crds" / "reservoir.dev_branchclaims.yaml",
         chart / "crds" / "kopf.dev_peerings.yaml",
-        chart / "templates" / "admission-policy.yaml",
+        chart / "crds" / crdgen.CLAIM_POLICY_FILE,
     ):
         original = drifted.read_text()
         drifted.write_text(original + "# edited by hand\n")

@@ -5,7 +5,7 @@
 
 {{/* The release's full name: every object of the release is named after it. At most 55
      characters, so that the longest name derived from it that must be a DNS label (63),
-     the Service `<fullname>-metrics`, fits; the others (`-dashboard`, `-branchclaims`, the
+     the Service `<fullname>-metrics`, fits; the others (`-dashboard`, `-placement`, the
      roles, the peering) may have 253. values.schema.json caps fullnameOverride at 55. */}}
 {{- define "reservoir.fullname" -}}
 {{- if .Values.fullnameOverride }}
