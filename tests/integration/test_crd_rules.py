@@ -92,6 +92,10 @@ def manifests() -> list[JsonDict]:
     return found
 
 
+def is_policy(doc: JsonDict) -> bool:
+    return doc.get("kind") == "ValidatingAdmissionPolicy"
+
+
 def crd_rules() -> list[Rule]:
     """Every CEL rule in crds/: the CRDs' x-kubernetes-validations, and the validations of
     the ValidatingAdmissionPolicies shipped with them."""
@@ -108,7 +112,7 @@ def crd_rules() -> list[Rule]:
             for version in doc["spec"]["versions"]:
                 schema = version.get("schema", {}).get("openAPIV3Schema", {})
                 found += _rules_in(kind, version["name"], schema, ())
-        elif doc.get("kind") == "ValidatingAdmissionPolicy":
+        elif is_policy(doc):
             for match in doc["spec"]["matchConstraints"]["resourceRules"]:
                 for resource in match["resources"]:
                     for version in match["apiVersions"]:
@@ -829,10 +833,6 @@ def policies(api: Api, space: str) -> Iterator[None]:
             api.send("DELETE", f"{BINDINGS}/{WARN_BINDING}-{name}")
 
 
-def is_policy(doc: JsonDict) -> bool:
-    return doc.get("kind") == "ValidatingAdmissionPolicy"
-
-
 def wait_until_in_force(api: Api, space: str) -> None:
     """Until each policy case's violation is refused by its rule, and warned of by it alone."""
     for case in CASES:
@@ -903,7 +903,7 @@ def test_every_rule_in_the_crds_is_classified() -> None:
         and "Deny" in doc["spec"].get("validationActions", [])
     }
     for doc in docs:
-        if doc.get("kind") == "ValidatingAdmissionPolicy":
+        if is_policy(doc):
             assert doc["metadata"]["name"] in bound, f"policy {doc['metadata']['name']} unbound"
             assert doc["spec"].get("failurePolicy", "Fail") == "Fail", doc["metadata"]["name"]
 

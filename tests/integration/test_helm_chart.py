@@ -656,7 +656,9 @@ def test_install_upgrade_uninstall(
     assert not leftovers, f"left behind by helm uninstall: {leftovers}"
     assert not exists(cluster, "role", full, ns) and not exists(cluster, "kopfpeering", full, ns)
     # The CRDs stay (and with them every envelope and claim), as Helm does, and so does the
-    # claim's admission policy that comes with them (its spec rules).
+    # claim's admission policy that comes with them (its spec rules). This cluster had both
+    # before the install (the `crds` fixture), so this shows only that the release does not
+    # take them away; that Helm itself creates the policy from crds/ is not tested here.
     assert exists(cluster, "crd", "branchclaims.reservoir.dev")
     assert exists(cluster, "validatingadmissionpolicy", "branchclaims.reservoir.dev")
     eventually(
