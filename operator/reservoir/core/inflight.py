@@ -148,12 +148,12 @@ def merge(
             continue  # the claim has not seen its latest move yet
         view.held[uid] = line
         if counts(line):
-            view.lines[uid] = line.model_copy(deep=True)
+            view.lines[uid] = line.copied()
             view.read[uid] = line
     for uid, entry in entries.items():
         if uid not in view.held:
             view.in_flight[uid] = entry
-            view.lines[uid] = entry.model_copy(deep=True)
+            view.lines[uid] = entry.copied()
             view.read[uid] = entry
     return view
 

@@ -418,7 +418,7 @@ def record_answer(step: Step, policy: EnvelopePolicy) -> None:
     answer, entry = step.facts.provider, step.entry
     if answer is None or not needs_lookup(entry, step.facts.spec, policy):
         return
-    record = (entry.provider or ProviderRecord()).model_copy(deep=True)
+    record = (entry.provider or ProviderRecord()).copied()
     error = cut_bytes(answer.error, MAX_ERROR_LENGTH) if answer.error else None
     # ("Never started" settles on the recorded state, so it is recorded as news only.)
     settles = (
@@ -467,7 +467,7 @@ def record_cancel_forwarded(step: Step) -> None:
     if entry.provider is not None and entry.provider.cancel_forwarded_at is not None:
         return
     done, text = forwarded.done, cut_bytes(forwarded.text, MAX_ERROR_LENGTH)
-    record = (entry.provider or ProviderRecord()).model_copy(deep=True)
+    record = (entry.provider or ProviderRecord()).copied()
     if done:
         record.cancel_forwarded_at = step.now
         record.cancel_forwarded_as = forwarded.how

@@ -89,7 +89,7 @@ def reconcile_pool(
     any other envelope this pool's ledger names. A line whose envelope is missing has been
     confirmed gone by the caller. Envelopes that opened as roots before the pool covered
     their namespace are shown (condition AllEnvelopesCapped), never capped after the fact."""
-    ledger = status.model_copy(deep=True)
+    ledger = status.copied()
     contracts = resolve(pool.spec.capacity, pool.spec.contracts)
     # What closed envelopes committed of a Replenishing resource returns a window later.
     committed, ledger.windows = expire_windows(

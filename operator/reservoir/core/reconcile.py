@@ -311,7 +311,7 @@ def reconcile(
          `_close_the_books`: totals, the envelope's own lifecycle, when to look again;
       5. `_place`: each line in flight on the envelope, or to its claim alone."""
     dimensions = frozenset(envelope.spec.capacity)
-    result = Reconciliation(status=status.model_copy(deep=True), now=now, dimensions=dimensions)
+    result = Reconciliation(status=status.copied(), now=now, dimensions=dimensions)
     result.devices_seen = devices or {}
     result.contracts = resolve(dimensions, envelope.spec.contracts)
     result.reusable = reusable(result.contracts)
@@ -538,7 +538,7 @@ def _claims_in_view(
     # 2N deep copies: 40 % of the operator's CPU while 100-claim envelopes filled, profiled);
     # a line made by this pass (what lost claims held) starts as a copy of itself.
     result.before = {
-        uid: view.read[uid] if uid in view.read else line.model_copy(deep=True)
+        uid: view.read[uid] if uid in view.read else line.copied()
         for uid, line in view.lines.items()
     }
     result.new_lines_room = IN_FLIGHT_LIMIT - len(view.in_flight)
@@ -624,7 +624,7 @@ def _late_facts_of_settled(books: _Books, quiet: QuietClaims | None) -> None:
         if quiet is not None and quiet.passes_by(facts, terms):
             quiet_now[facts.uid] = facts
             continue
-        record = record.model_copy(deep=True)
+        record = record.copied()
         was_adjusted = record.adjustment is not None
         # An adjustment that moves capacity waits until the record fits back in the
         # ledger: deferred, never recorded as "not applied" for a momentary lack of room.

@@ -5,10 +5,11 @@ use (claim phases, outcomes, triggers, envelope phases, ...) and `Condition`."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import copy
+from datetime import date, datetime, timedelta
 from decimal import Decimal
-from enum import StrEnum
-from typing import Annotated, Any
+from enum import Enum, StrEnum
+from typing import Annotated, Any, Self
 
 from pydantic import (
     BaseModel,
@@ -147,6 +148,46 @@ class Model(BaseModel):
     def to_api(self) -> dict[str, Any]:
         """The object as the Kubernetes API wants it: camelCase, no nulls."""
         return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+    def copied(self) -> Self:
+        """A deep copy, made field by field. `model_copy(deep=True)` goes through
+        `copy.deepcopy` (a memo of every object, datetimes copied by pickling them): about
+        25 µs for a one-transition ledger line, and a pass copies each line it may move,
+        so at 100 live claims an envelope those copies were a quarter of the operator's
+        CPU (the scale benchmark under pyinstrument). Immutable values are shared, as
+        `deepcopy` shares them too."""
+        if self.__pydantic_private__ or self.__pydantic_extra__:
+            return self.model_copy(deep=True)  # state beyond the fields: pydantic's own way
+        cls = type(self)
+        twin = cls.__new__(cls)
+        fields = {k: v if type(v) in _SHARED else _copied(v) for k, v in self.__dict__.items()}
+        object.__setattr__(twin, "__dict__", fields)
+        object.__setattr__(twin, "__pydantic_extra__", None)
+        object.__setattr__(twin, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
+        object.__setattr__(twin, "__pydantic_private__", None)
+        return twin
+
+
+# Values a copy shares with its original: nothing can change them in place. `_SHARED` is
+# the same by exact type (a set lookup, where isinstance over a tuple costs several).
+_IMMUTABLE = (str, int, Decimal, datetime, date, timedelta, Enum, type(None))
+_SHARED: set[type] = {str, int, bool, Decimal, datetime, date, timedelta, type(None)}
+
+
+def _copied(value: Any) -> Any:
+    kind = type(value)
+    if kind in _SHARED:
+        return value
+    if kind is dict:
+        return {k: v if type(v) in _SHARED else _copied(v) for k, v in value.items()}
+    if kind is list:
+        return [_copied(v) for v in value]
+    if isinstance(value, Model):
+        return value.copied()
+    if isinstance(value, _IMMUTABLE):  # an enum, a subclass of str or int
+        _SHARED.add(kind)
+        return value
+    return copy.deepcopy(value)  # anything else: the slow way, never wrong
 
 
 class CommitPoint(StrEnum):
