@@ -343,9 +343,9 @@ class LedgerWriter:
         self._parsed: dict[tuple[str, str], Mapping[FactsKey, ClaimFacts | read.InvalidClaim]] = {}
         # Settled claims each envelope's last pass found quiet (reservoir.core.quiet).
         self._quiet: dict[tuple[str, str], QuietClaims] = {}
-        # Waiting claims whose status said all of it at the last mirror, by envelope: claim
-        # UID -> what it was told then, with the version it had (LedgerWriter._mirror).
-        self._waiting_mirrored: dict[tuple[str, str], dict[str, tuple[object, ...]]] = {}
+        # Claims whose status said all of it at the last mirror, by envelope: claim UID ->
+        # what it was told then, with the version it had (LedgerWriter._mirror).
+        self._told: dict[tuple[str, str], dict[str, tuple[object, ...]]] = {}
         # Usage-only status changes held back, by envelope: claim UID -> when due.
         self._deferred: dict[tuple[str, str], dict[str, datetime]] = {}
         # Claims whose deletion waits for settlement, already announced (once each).
@@ -406,7 +406,7 @@ class LedgerWriter:
     def forget(self, namespace: str, envelope: str) -> None:
         """The envelope is going: what this writer kept about it goes too."""
         kept_by_envelope = (
-            self._parsed, self._quiet, self._waiting_mirrored, self._gone, self._deferred,
+            self._parsed, self._quiet, self._told, self._gone, self._deferred,
             self._departed,
         )  # fmt: skip
         for kept in kept_by_envelope:
@@ -1120,8 +1120,8 @@ class LedgerWriter:
         deferred = dict(self._deferred.get((namespace, envelope), {}))
         wake: datetime | None = None
         writes: list[tuple[dict[str, Any], BranchClaimStatus]] = []
-        waiting_before = self._waiting_mirrored.get((namespace, envelope), {})
-        waiting_now: dict[str, tuple[object, ...]] = {}
+        told_before = self._told.get((namespace, envelope), {})
+        told_now: dict[str, tuple[object, ...]] = {}
         for claim in claims:
             meta = claim["metadata"]
             uid = meta["uid"]
@@ -1131,14 +1131,26 @@ class LedgerWriter:
             if entry is None and pending is None and replaced is None:
                 continue  # settled and pruned (or quiet), or unreadable: leave its status alone
             deleting = bool(meta.get("deletionTimestamp"))
-            # A waiting claim whose status said all of it, unchanged since, and still told
-            # the same: not parsed again (a queue of hundreds is told the same every pass).
+            # A claim whose status said all of it, unchanged since, and still told the same
+            # (its place in the queue, or the line it holds, which this pass left as it
+            # found it and not in flight): not parsed again. A queue of hundreds is told the
+            # same every pass, and so are the live claims of an envelope each admission
+            # wakes (parsing and comparing them all was a fifth of the operator's CPU with
+            # 100 live claims an envelope, profiled). A line in flight is the envelope's
+            # copy, which the claim may not show yet: always compared.
             told = (
                 meta.get("resourceVersion"), pending, problems.get(uid),
                 result.awaiting_devices.get(uid), result.envelope_uid, deleting,
             )  # fmt: skip
-            if entry is None and replaced is None and waiting_before.get(uid) == told:
-                waiting_now[uid] = told
+            if (
+                replaced is None
+                and told_before.get(uid) == told
+                and (
+                    entry is None
+                    or (uid not in result.status.entries and entry == result.before.get(uid))
+                )
+            ):
+                told_now[uid] = told
                 mirrored.add(uid)
                 continue
             # Parsed on each pass, not kept: about 25 µs a claim, where keeping the parsed
@@ -1178,8 +1190,7 @@ class LedgerWriter:
             )
             if previous is not None and wanted == previous:
                 mirrored.add(uid)
-                if entry is None:
-                    waiting_now[uid] = told
+                told_now[uid] = told
                 continue
             if previous is not None and only_usage_moved(previous, wanted):
                 # Usage reported on the way: mirrored with the next move, or once it has
@@ -1192,7 +1203,7 @@ class LedgerWriter:
             writes.append((claim, wanted))
         if wake is not None:
             result.wake_at = min(result.wake_at or wake, wake)
-        self._waiting_mirrored[(namespace, envelope)] = waiting_now
+        self._told[(namespace, envelope)] = told_now
         here = {c["metadata"]["uid"] for c in claims}
         self._deferred[(namespace, envelope)] = {u: d for u, d in deferred.items() if u in here}
         limit = self._fan_out.for_pass()
