@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
+from reservoir import crdgen
 from tests.clusters import ClusterHandle, schemaless_crd
 from tests.integration.chart import CHART, KUBE_VERSION, helm, render, set_args, tool
 from tests.integration.helpers import eventually
@@ -558,6 +559,23 @@ def test_install_upgrade_uninstall(
 ) -> None:
     name, namespace, full = release_name, f"{release_name}-system", f"{release_name}-reservoir"
     # Without --skip-crds: the chart's CRDs already exist (identical), so Helm skips them.
+    # The claim's admission policy, which comes with them, is taken away first: Helm must
+    # create it from crds/ (and put it back here whatever happens).
+    policy = CHART / "crds" / crdgen.CLAIM_POLICY_FILE
+    cluster.kubectl("delete", "-f", str(policy), "--ignore-not-found", "--wait")
+    try:
+        _install_upgrade_uninstall(cluster, ns, name, namespace, full)
+    finally:
+        if not exists(cluster, "validatingadmissionpolicybinding", CLAIM_POLICY):
+            cluster.kubectl("apply", "--server-side", "-f", str(policy))
+
+
+CLAIM_POLICY = "branchclaims.reservoir.dev"  # the policy's name, and its binding's
+
+
+def _install_upgrade_uninstall(
+    cluster: ClusterHandle, ns: str, name: str, namespace: str, full: str
+) -> None:
     helm(
         cluster,
         "install",
@@ -604,6 +622,10 @@ def test_install_upgrade_uninstall(
     ]
     missing = [e for e in expected if not exists(cluster, *e)]
     assert not missing, f"not created: {missing}"
+    for kind in ("validatingadmissionpolicy", "validatingadmissionpolicybinding"):
+        made = json.loads(cluster.kubectl("get", kind, CLAIM_POLICY, "-o", "json"))
+        # Created from crds/, as the CRDs are: not the release's, so never taken away by it.
+        assert "meta.helm.sh/release-name" not in made["metadata"].get("annotations", {}), kind
     placeholder = json.loads(
         cluster.kubectl("get", "priorityclass", f"{name}-placeholder", "-o", "json")
     )
@@ -656,11 +678,10 @@ def test_install_upgrade_uninstall(
     assert not leftovers, f"left behind by helm uninstall: {leftovers}"
     assert not exists(cluster, "role", full, ns) and not exists(cluster, "kopfpeering", full, ns)
     # The CRDs stay (and with them every envelope and claim), as Helm does, and so does the
-    # claim's admission policy that comes with them (its spec rules). This cluster had both
-    # before the install (the `crds` fixture), so this shows only that the release does not
-    # take them away; that Helm itself creates the policy from crds/ is not tested here.
+    # claim's admission policy that Helm created with them (its spec rules).
     assert exists(cluster, "crd", "branchclaims.reservoir.dev")
-    assert exists(cluster, "validatingadmissionpolicy", "branchclaims.reservoir.dev")
+    assert exists(cluster, "validatingadmissionpolicy", CLAIM_POLICY)
+    assert exists(cluster, "validatingadmissionpolicybinding", CLAIM_POLICY)
     eventually(
         "edit to drop the worker's rules",
         lambda: "branchclaims" not in cluster.kubectl("get", "clusterrole", "edit", "-o", "yaml"),
