@@ -566,8 +566,7 @@ def test_install_upgrade_uninstall(
     try:
         _install_upgrade_uninstall(cluster, ns, name, namespace, full)
     finally:
-        if not exists(cluster, "validatingadmissionpolicybinding", CLAIM_POLICY):
-            cluster.kubectl("apply", "--server-side", "-f", str(policy))
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(policy))
 
 
 CLAIM_POLICY = "branchclaims.reservoir.dev"  # the policy's name, and its binding's

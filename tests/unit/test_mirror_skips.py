@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
 from lightkube import ApiError
 from lightkube.models.meta_v1 import Status
 
@@ -41,7 +42,7 @@ class Claims:
     """The API server's claims: status patches applied only if their tests hold."""
 
     def __init__(self, rnd: random.Random) -> None:
-        self.rnd, self.version, self.bodies = rnd, 100, {}
+        self.rnd, self.version = rnd, 100
         self.refusing = 0.0  # the share of status writes answered 409
         self.bodies: dict[str, dict[str, Any]] = {}
 
@@ -115,7 +116,7 @@ def writer(claims: Claims) -> CheckedWriter:
     return made
 
 
-def history(seed: int, steps: int = 40) -> None:
+def history(seed: int, monkeypatch: pytest.MonkeyPatch, steps: int = 40) -> None:
     rnd = random.Random(seed)
     claims = Claims(rnd)
 
@@ -123,7 +124,7 @@ def history(seed: int, steps: int = 40) -> None:
         body = claims.bodies.get(name)
         return copy.deepcopy(body) if body else None
 
-    ledger_writer.get_object = get_object  # type: ignore[assignment]  # restored by the test
+    monkeypatch.setattr(ledger_writer, "get_object", get_object)  # the writer's fresh reads
     policy = EnvelopePolicy(max_active_claims=rnd.choice([2, 3, 10]))
     spec = ReservationEnvelopeSpec.model_validate(
         {"capacity": {"tokens": "100"}, "policy": policy.model_dump(by_alias=True)}
@@ -203,10 +204,9 @@ def history(seed: int, steps: int = 40) -> None:
 
 
 def test_every_claim_the_mirror_passes_by_already_says_what_the_ledger_says(
-    monkeypatch: Any,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(ledger_writer, "get_object", ledger_writer.get_object)
     CheckedWriter.unwritten = 0
     for seed in range(40):
-        history(seed)
+        history(seed, monkeypatch)
     assert CheckedWriter.unwritten > 1000, "the histories must reach the pass-by often"

@@ -160,18 +160,18 @@ class Model(BaseModel):
             return self.model_copy(deep=True)  # state beyond the fields: pydantic's own way
         cls = type(self)
         twin = cls.__new__(cls)
-        fields = {k: v if type(v) in _SHARED else _copied(v) for k, v in self.__dict__.items()}
-        object.__setattr__(twin, "__dict__", fields)
+        object.__setattr__(twin, "__dict__", _copied(self.__dict__))
         object.__setattr__(twin, "__pydantic_extra__", None)
         object.__setattr__(twin, "__pydantic_fields_set__", set(self.__pydantic_fields_set__))
         object.__setattr__(twin, "__pydantic_private__", None)
         return twin
 
 
-# Values a copy shares with its original: nothing can change them in place. `_SHARED` is
-# the same by exact type (a set lookup, where isinstance over a tuple costs several).
+# Values a copy shares with its original: nothing can change them in place. `_SHARED` holds
+# their exact types (a set lookup, where isinstance over a tuple costs several), and learns
+# each subclass (an enum, a StrEnum) the first time it meets one.
 _IMMUTABLE = (str, int, Decimal, datetime, date, timedelta, Enum, type(None))
-_SHARED: set[type] = {str, int, bool, Decimal, datetime, date, timedelta, type(None)}
+_SHARED: set[type] = {*_IMMUTABLE, bool}
 
 
 def _copied(value: Any) -> Any:
