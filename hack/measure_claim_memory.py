@@ -35,6 +35,7 @@ from reservoir.handlers.claims import claims_by_envelope
 from reservoir.handlers.leases import leases_by_envelope
 from reservoir.handlers.pods import envelope_of_claim
 from reservoir.k8s import facts as read
+from reservoir.undecodable import loads
 
 MANAGED_FIELDS = [
     {
@@ -200,7 +201,7 @@ def per_claim(count: int, hints: int, restart: bool) -> tuple[float, int]:
 
     async def watch() -> None:
         for claim_text, lease_text in texts:  # as the watch delivers them, one by one
-            claim, lease = json.loads(claim_text), json.loads(lease_text)
+            claim, lease = loads(claim_text), loads(lease_text)  # as the watch decodes
             kept.append(await keep(claim, lease, memories))
             if restart:
                 kept.append((claim, lease))

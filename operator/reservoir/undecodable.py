@@ -10,6 +10,11 @@ with every container nested deeper than `MAX_DEPTH` replaced by a marker: the ob
 hold one are taken out (from a list) or turned into a BOOKMARK that carries their
 resourceVersion (a watch event: kopf skips it and resumes after it), and reported to
 `on_set_aside` with their identity, which sits at the top of the object and survives.
+Documents are decoded with orjson, and with Python's own decoder where orjson refuses one
+(so what decodes, and what is set aside, is as before): orjson is about twice as fast,
+and it shares the keys of every object it decodes, where each object decoded by `json`
+held its own copy of every key (the operator keeps a record of each of up to 100,000
+claims, `claim_source.claim_record`).
 A document that is not JSON at all cannot name its object: it raises as before (the watch
 fails, and `kopf_watch` restarts it and says so on /readyz meanwhile). Pure: no I/O here;
 `kopf_watch` installs these into kopf.
@@ -22,6 +27,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
+
+import orjson
 
 # Deeper than any object the operator reads (a pod's affinity is about 12 levels) and far
 # below what the decoder manages on the stack that kopf calls it from.
@@ -111,6 +118,15 @@ def _why(error: BaseException) -> str:
     return f"not decodable: {type(error).__name__}"
 
 
+def loads(text: str) -> Any:
+    """A JSON document decoded, by orjson; by `json` if orjson refuses it (NaN, a lone
+    surrogate, nesting past orjson's limit): `json`'s answer or error stands."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)
+
+
 def _salvage(text: str) -> Any:
     """The document with too-deep containers cut out, or None if even that fails."""
     try:
@@ -123,7 +139,7 @@ def decode_event(line: str, on_set_aside: Report) -> Any:
     """A watch event: decoded; or, holding an undecodable object, a BOOKMARK at that
     object's resourceVersion (the object reported). Anything else raises as before."""
     try:
-        return json.loads(line)
+        return loads(line)
     except (RecursionError, ValueError) as error:
         why, failure = _why(error), error
     event = _salvage(line)
@@ -146,7 +162,7 @@ def decode_list(body: str, on_set_aside: Report) -> Any:
     """A LIST response: decoded; or, with items that cannot be, without those items
     (each reported). Anything else that fails to decode raises as before."""
     try:
-        return json.loads(body)
+        return loads(body)
     except (RecursionError, ValueError) as error:
         why, failure = _why(error), error
     listed = _salvage(body)

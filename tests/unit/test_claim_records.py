@@ -16,7 +16,12 @@ import kopf
 from reservoir.handlers.claims import claims_by_envelope
 from reservoir.handlers.leases import leases_by_envelope
 from reservoir.k8s import facts as read
-from reservoir.k8s.claim_source import claim_record, lease_record
+from reservoir.k8s.claim_source import (
+    SHARED_STRING_LENGTH,
+    claim_record,
+    lease_record,
+    share_strings,
+)
 from reservoir.k8s.resources import CLAIM_FINALIZER, FORCE_SETTLE_ANNOTATION
 
 MEGABYTE = 1_000_000
@@ -238,3 +243,35 @@ def test_a_lease_record_keeps_what_a_renewal_reads() -> None:
     assert read.heartbeat_token(record) == read.heartbeat_token(lease())
     assert read.heartbeat_holder(record) == "w-1"
     assert record["metadata"]["resourceVersion"] == "9"
+
+
+def test_records_share_their_short_strings_and_read_as_before() -> None:
+    first, second = claim(), claim()
+    expected = json.dumps(claim_record(claim()))  # the record, strings unshared
+    one, other = claim_record(first), claim_record(second)
+    assert json.dumps(one) == expected  # same values, same keys in the same order
+    # Each record was decoded on its own, and now holds the one copy of each short string.
+    at_one = one["status"]["history"][1]["at"]
+    assert at_one == AT and at_one is other["status"]["history"][1]["at"]
+    assert one["status"]["history"][0]["at"] is at_one
+    assert one["metadata"]["uid"] is other["metadata"]["uid"]
+    assert lease_record(lease())["spec"]["renewTime"] is at_one
+
+
+def test_long_strings_are_kept_as_they_came() -> None:
+    long_text = "m" * (SHARED_STRING_LENGTH + 1)
+    record = share_strings({"status": {"message": long_text}})
+    assert record["status"]["message"] is long_text
+
+
+def test_sharing_strings_walks_any_depth_without_recursion() -> None:
+    shared = sys.intern("".join(["deep", "-", "leaf"]))
+    leaf = "".join(["deep", "-", "leaf"])  # another copy, made at run time
+    assert leaf is not shared
+    deep: Any = leaf
+    for level in range(10_000):
+        deep = [deep] if level % 2 else {"k": deep}
+    share_strings({"spec": deep})
+    while not isinstance(deep, str):
+        deep = deep[0] if isinstance(deep, list) else deep["k"]
+    assert deep is shared

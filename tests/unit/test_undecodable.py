@@ -7,9 +7,11 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from reservoir.endpoints import Health
-from reservoir.undecodable import MAX_DEPTH, SetAside, decode_event, decode_list
+from reservoir.undecodable import MAX_DEPTH, SetAside, decode_event, decode_list, loads
 
 
 def deep(levels: int) -> str:
@@ -116,3 +118,42 @@ def test_readiness_says_a_watch_is_down_until_it_has_listed_again() -> None:
     assert problem is not None and "branchclaims.reservoir.dev cluster-wide" in problem
     health.watch_up("branchclaims.reservoir.dev cluster-wide")
     assert health.problem() is None
+
+
+# Any JSON document the API server can send: objects, lists, strings with escapes and
+# non-ASCII text, integers of int64 and uint64, floats, booleans and null.
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(JSON_VALUES)
+def test_orjson_decodes_every_document_as_python_s_decoder_does(value: Any) -> None:
+    text = json.dumps(value)
+    decoded = loads(text)
+    assert decoded == json.loads(text)
+    assert json.dumps(decoded) == json.dumps(json.loads(text))  # types too (1 is not 1.0)
+
+
+@pytest.mark.parametrize("text", ["NaN", '{"a": Infinity}', '"\\ud800"', "[" * 2000 + "]" * 2000])
+def test_what_orjson_refuses_is_decoded_or_refused_as_python_s_decoder_does(text: str) -> None:
+    try:
+        expected: Any = json.loads(text)
+    except (RecursionError, ValueError) as error:
+        with pytest.raises(type(error)):
+            loads(text)
+        return
+    decoded = loads(text)
+    assert json.dumps(decoded) == json.dumps(expected)
+
+
+def test_objects_decoded_one_by_one_share_their_keys() -> None:
+    first, second = (loads(json.dumps({"lastTransitionTime": i})) for i in range(2))
+    assert next(iter(first)) is next(iter(second))

@@ -22,6 +22,7 @@ nor treats its own write as news (`own_write`).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -95,7 +96,7 @@ def claim_record(body: Mapping[str, Any]) -> Body:
         record["spec"] = spec  # not an object: read as unreadable, as before
     if "status" in body:
         record["status"] = body["status"]
-    return record
+    return share_strings(record)
 
 
 def shed(body: Mapping[str, Any]) -> None:
@@ -124,14 +125,44 @@ def lease_record(body: Mapping[str, Any]) -> Body:
     renewal it shows (holder, renew time, transitions). Nothing else of it is read."""
     meta = body["metadata"]
     spec = body.get("spec") or {}
-    return {
-        "metadata": {
-            k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
-        },
-        "spec": {
-            k: spec[k] for k in ("holderIdentity", "renewTime", "leaseTransitions") if k in spec
-        },
-    }
+    return share_strings(
+        {
+            "metadata": {
+                k: meta[k] for k in ("name", "namespace", "uid", "resourceVersion") if k in meta
+            },
+            "spec": {
+                k: spec[k] for k in ("holderIdentity", "renewTime", "leaseTransitions") if k in spec
+            },
+        }
+    )
+
+
+# Strings up to this long are shared between records (names, UIDs, timestamps, reasons,
+# quantities); a longer one (a message, a hint) is kept as it came.
+SHARED_STRING_LENGTH = 64
+
+
+def share_strings(value: Body) -> Body:
+    """`value` with its short strings replaced, in place, by the one shared copy of each
+    (`sys.intern`): a decoder makes new strings for every object, so every one of 100,000
+    records kept its own "Tentative", "True" and each timestamp its conditions repeat
+    (measured on a Tentative claim's record: 8.4 KB, 5.4 KB shared). Keys are shared by
+    the watch's decoder already (`undecodable`). Equal strings replace equal strings:
+    nothing that reads the record can tell. Walked with a stack (a record holds what a
+    tenant wrote: no recursion limit to reach)."""
+    intern = sys.intern
+    stack: list[Any] = [value]
+    while stack:
+        item = stack.pop()
+        pairs = item.items() if type(item) is dict else enumerate(item)
+        for key, child in pairs:  # values replaced, never keys: the dict keeps its size
+            kind = type(child)
+            if kind is str:
+                if len(child) <= SHARED_STRING_LENGTH:
+                    item[key] = intern(child)
+            elif kind is dict or kind is list:
+                stack.append(child)
+    return value
 
 
 class ClaimSource(Protocol):
