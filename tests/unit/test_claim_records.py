@@ -15,9 +15,11 @@ import kopf
 
 from reservoir.handlers.claims import claims_by_envelope
 from reservoir.handlers.leases import leases_by_envelope
+from reservoir.k8s import claim_source
 from reservoir.k8s import facts as read
 from reservoir.k8s.claim_source import (
     SHARED_STRING_LENGTH,
+    SHARED_STRINGS,
     claim_record,
     lease_record,
     share_strings,
@@ -254,18 +256,29 @@ def test_records_share_their_short_strings_and_read_as_before() -> None:
     at_one = one["status"]["history"][1]["at"]
     assert at_one == AT and at_one is other["status"]["history"][1]["at"]
     assert one["status"]["history"][0]["at"] is at_one
-    assert one["metadata"]["uid"] is other["metadata"]["uid"]
+    assert one["spec"]["requests"]["tokens"] is other["spec"]["requests"]["tokens"]
     assert lease_record(lease())["spec"]["renewTime"] is at_one
 
 
-def test_long_strings_are_kept_as_they_came() -> None:
+def test_long_strings_and_metadata_are_kept_as_they_came() -> None:
     long_text = "m" * (SHARED_STRING_LENGTH + 1)
-    record = share_strings({"status": {"message": long_text}})
-    assert record["status"]["message"] is long_text
+    finalizer = "".join(["example.com/", "f"])
+    record = share_strings({"metadata": {"finalizers": [finalizer]}, "status": {"m": long_text}})
+    assert record["status"]["m"] is long_text
+    assert record["metadata"]["finalizers"][0] is finalizer  # a tenant's list: not walked
+
+
+def test_the_shared_strings_are_bounded() -> None:
+    for i in range(SHARED_STRINGS + 10):
+        share_strings({"status": {"at": f"2026-12-04T00:00:00.{i:06d}Z"}})
+    assert len(claim_source._shared) <= SHARED_STRINGS
+    common = share_strings({"status": {"phase": "".join(["Tent", "ative"])}})["status"]["phase"]
+    again = share_strings({"status": {"phase": "".join(["Tent", "ative"])}})["status"]["phase"]
+    assert again is common
 
 
 def test_sharing_strings_walks_any_depth_without_recursion() -> None:
-    shared = sys.intern("".join(["deep", "-", "leaf"]))
+    shared = share_strings({"status": {"x": "".join(["deep", "-", "leaf"])}})["status"]["x"]
     leaf = "".join(["deep", "-", "leaf"])  # another copy, made at run time
     assert leaf is not shared
     deep: Any = leaf

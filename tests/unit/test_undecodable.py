@@ -121,11 +121,13 @@ def test_readiness_says_a_watch_is_down_until_it_has_listed_again() -> None:
 
 
 # Any JSON document the API server can send: objects, lists, strings with escapes and
-# non-ASCII text, integers of int64 and uint64, floats, booleans and null.
+# non-ASCII text, integers (int64, uint64, and float64s Go writes without an exponent, up
+# to 1e21), floats, booleans and null.
 JSON_VALUES = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.integers(min_value=-(10**21), max_value=10**21)
+    | st.sampled_from([2**63 - 1, -(2**63), -(2**63) - 1, 2**64 - 1, 2**64, 310091574997940240000])
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(),
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(), inner, max_size=5),

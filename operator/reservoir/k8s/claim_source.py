@@ -22,7 +22,6 @@ nor treats its own write as news (`own_write`).
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -137,32 +136,48 @@ def lease_record(body: Mapping[str, Any]) -> Body:
     )
 
 
-# Strings up to this long are shared between records (names, UIDs, timestamps, reasons,
-# quantities); a longer one (a message, a hint) is kept as it came.
+# Strings up to this long are shared between records (reasons, phases, quantities, the
+# timestamps a claim's conditions repeat); a longer one (a message) is kept as it came.
 SHARED_STRING_LENGTH = 64
+# The most strings kept for sharing: past it the table starts again (a UID or a timestamp
+# seen once must not stay for the life of the process, as `sys.intern` keeps everything on
+# Python 3.12: found by review), and what is common is shared again from the next record.
+SHARED_STRINGS = 65_536
+_shared: dict[str, str] = {}
 
 
-def share_strings(value: Body) -> Body:
-    """`value` with its short strings replaced, in place, by the one shared copy of each
-    (`sys.intern`): a decoder makes new strings for every object, so every one of 100,000
+def share_strings(record: Body) -> Body:
+    """`record` with the short strings of its spec and status replaced, in place, by one
+    shared copy of each: a decoder makes new strings for every object, so each of 100,000
     records kept its own "Tentative", "True" and each timestamp its conditions repeat
     (measured on a Tentative claim's record: 8.4 KB, 5.4 KB shared). Keys are shared by
     the watch's decoder already (`undecodable`). Equal strings replace equal strings:
-    nothing that reads the record can tell. Walked with a stack (a record holds what a
-    tenant wrote: no recursion limit to reach)."""
-    intern = sys.intern
-    stack: list[Any] = [value]
+    nothing that reads the record can tell. Only the spec and the status, whose size the
+    CRD's schema bounds (its metadata may hold a megabyte of finalizers: found by review);
+    walked with a stack, not recursion."""
+    shared = _shared
+    stack: list[Any] = [record[part] for part in ("spec", "status") if part in record]
     while stack:
         item = stack.pop()
-        pairs = item.items() if type(item) is dict else enumerate(item)
+        if type(item) is dict:
+            pairs: Iterable[tuple[Any, Any]] = item.items()
+        elif type(item) is list:
+            pairs = enumerate(item)
+        else:
+            continue
         for key, child in pairs:  # values replaced, never keys: the dict keeps its size
             kind = type(child)
             if kind is str:
                 if len(child) <= SHARED_STRING_LENGTH:
-                    item[key] = intern(child)
+                    one = shared.get(child)
+                    if one is None:
+                        if len(shared) >= SHARED_STRINGS:
+                            shared.clear()
+                        one = shared[child] = child
+                    item[key] = one
             elif kind is dict or kind is list:
                 stack.append(child)
-    return value
+    return record
 
 
 class ClaimSource(Protocol):
