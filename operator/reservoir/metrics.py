@@ -199,6 +199,13 @@ reconcile_seconds = BoundedHistogram(
     "Time to read, reconcile and write one envelope's ledger.",
     ["namespace"],
 )
+gc_pause = Histogram(
+    "reservoir_gc_pause_seconds",
+    "Pauses of Python's cyclic garbage collector (the whole operator stops), by generation "
+    "collected (2: a full collection).",
+    ["generation"],
+    buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+)
 ledger_errors = BoundedCounter(
     "reservoir_ledger_errors_total",
     "Reconciles that could not move a ledger, by reason (UnreadableEnvelope, "

@@ -1,15 +1,18 @@
 """The operator's garbage-collector settings (reservoir.gc_tuning): what start-up made is
-frozen out of the collector's sight, and the young generation is collected far less often
-than CPython's default. The benchmark (bench/run.py --only scale) shows what it saves."""
+frozen out of the collector's sight, the young generation is collected far less often
+than CPython's default, what lives on is frozen as it goes and thawed now and then, and
+every collection's pause is measured. The benchmark (bench/run.py --only scale) shows what
+it saves."""
 
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
-from reservoir import gc_tuning
+from reservoir import gc_tuning, metrics
 
 
 @pytest.fixture
@@ -19,6 +22,8 @@ def collector() -> Iterator[None]:
     yield
     gc.unfreeze()
     gc.set_threshold(*thresholds)
+    if gc_tuning._time_collections in gc.callbacks:
+        gc.callbacks.remove(gc_tuning._time_collections)
 
 
 def test_tune_freezes_what_exists_and_spaces_out_collections(collector: None) -> None:
@@ -26,7 +31,47 @@ def test_tune_freezes_what_exists_and_spaces_out_collections(collector: None) ->
     assert gc.get_freeze_count() == 0
     start_up = [{"made": "at start-up"} for _ in range(100)]
 
-    gc_tuning.tune()
+    gc_tuning.tune(keep_frozen=False)
 
     assert gc.get_threshold() == (gc_tuning.YOUNG, gc_tuning.OLDER, gc_tuning.OLDER)
     assert gc.get_freeze_count() >= len(start_up)
+
+
+def full_pauses() -> float:
+    return (
+        metrics.REGISTRY.get_sample_value("reservoir_gc_pause_seconds_count", {"generation": "2"})
+        or 0.0
+    )
+
+
+def test_every_collection_s_pause_is_measured(collector: None) -> None:
+    gc_tuning.tune(keep_frozen=False)
+    before = full_pauses()
+    gc.collect()
+    gc.collect()
+    assert full_pauses() == before + 2
+
+
+class Node:
+    """An object in a reference cycle (only the collector frees it)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_survivors_are_frozen_and_their_cycles_wait_for_the_thaw(collector: None) -> None:
+    gc.unfreeze()
+    lived_on = Node()
+    gone = weakref.ref(lived_on)
+    gc_tuning.freeze_survivors()
+    assert gc.get_freeze_count() > 0
+
+    young = Node()  # made after the freeze: collected as ever
+    young_gone = weakref.ref(young)
+    del lived_on, young
+    gc.collect()
+    assert young_gone() is None
+    assert gone() is not None  # frozen alive: a full collection does not walk it
+
+    gc_tuning.freeze_survivors(thaw=True)
+    assert gone() is None
