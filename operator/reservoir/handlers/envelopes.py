@@ -9,6 +9,7 @@ import kopf
 
 from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION, ChildPhase
+from reservoir.core.reconcile import Reconciliation
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.k8s.resources import FORCE_SETTLE_GONE_ANNOTATION
@@ -63,10 +64,8 @@ async def keep_the_ledger(
         while not stopped:
             wake_in = IDLE_WAKEUP_SECONDS
             try:
-                result = await services.writer.reconcile_once(namespace, name)
+                wake_in = seconds_to_wake(await services.writer.reconcile_once(namespace, name))
                 services.health.succeeded()
-                if result is not None and result.wake_at is not None:
-                    wake_in = (result.wake_at - utcnow()).total_seconds() + 0.05
             except LedgerStuckError as error:  # reported on the envelope; look again later
                 logger.warning("%s", error)
                 services.health.succeeded()  # the API answered: the problem is the envelope's
@@ -76,6 +75,16 @@ async def keep_the_ledger(
                 services.health.failed(f"{type(error).__name__}: {error}"[:200])
                 wake_in = 2.0
             await trigger.wait(min(max(wake_in, 0.05), IDLE_WAKEUP_SECONDS))
+
+
+def seconds_to_wake(result: Reconciliation | None) -> float:
+    """When the daemon looks again without news. Only this is kept from the pass while the
+    daemon waits, not the pass itself: a pass holds a copy of every live line of its
+    envelope, and every envelope's daemon kept its last one (about 3 KiB a live claim,
+    found with tracemalloc on the scale benchmark's operator)."""
+    if result is None or result.wake_at is None:
+        return IDLE_WAKEUP_SECONDS
+    return (result.wake_at - utcnow()).total_seconds() + 0.05
 
 
 @kopf.on.delete(*ENVELOPES, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
