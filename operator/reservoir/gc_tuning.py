@@ -28,64 +28,72 @@ one full collection stopping the event loop for 5.5 s (CPython runs one whenever
 quarter more objects have been promoted since the last, under churn as well as growth);
 during it no watch event, renewal or probe is served. Frozen, a full collection walks
 only what was made since the last freeze. Reference counting still frees frozen objects
-the moment they are dropped; only a reference cycle among objects that were frozen alive
-waits, until the thaw every `THAW_EVERY_SECONDS` hands everything back to the collector
-(one full collection then, an hour apart, where CPython's own rule ran them as often as a
-quarter of the claims turned over). `reservoir_gc_pause_seconds` shows every collection's
-pause by generation."""
+the moment they are dropped; a reference cycle that passes through a frozen object (an
+asyncio task alive at a freeze that later fails, its exception holding its frames: about
+20 KiB each, found by review) waits for the thaw every `THAW_EVERY_SECONDS`, which hands
+everything back to the collector (one full collection then, where CPython's own rule ran
+one whenever a quarter of the claims turned over).
+
+The freeze runs on the event loop (`keep_frozen`), between two of its callbacks: a
+collection already under way in another thread would make `gc.collect()` return at once
+and the freeze keep the garbage it left (found by review), and no other code of the loop's
+runs between the collection and the freeze. Each collection's pause is recorded, without
+taking a lock (the collector can start inside any allocation, a metrics scrape holding
+its lock included), and `reservoir_gc_pause_seconds` reports them by generation."""
 
 from __future__ import annotations
 
+import asyncio
 import gc
-import threading
 import time
+from collections import deque
 from typing import Any
-
-from reservoir import metrics
 
 YOUNG = 10_000  # container allocations (less deallocations) between young collections
 OLDER = 20  # collections of a generation between collections of the next
 FREEZE_EVERY_SECONDS = 60.0
-THAW_EVERY_SECONDS = 3600.0
+THAW_EVERY_SECONDS = 900.0
 
-_started: list[float] = []  # when the collection under way started (the collector's thread)
+# (generation, seconds) of each collection since the last scrape: appended inside the
+# collector (a deque's append takes no lock), drained by `metrics.GcPauses` at scrape time.
+pauses: deque[tuple[int, float]] = deque(maxlen=100_000)
+_started: list[float] = []  # when the collection under way started
 
 
 def _time_collections(phase: str, info: dict[str, Any]) -> None:
-    """gc.callbacks: each collection's pause, by generation (no allocation to speak of, no
-    raising: it runs inside the collector)."""
+    """gc.callbacks: each collection's pause, by generation (no lock, no raising: it runs
+    inside the collector)."""
     if phase == "start":
         _started.append(time.perf_counter())
     elif _started:
-        seconds = time.perf_counter() - _started.pop()
-        metrics.gc_pause.labels(str(info.get("generation", ""))).observe(seconds)
+        pauses.append((int(info.get("generation", 0)), time.perf_counter() - _started.pop()))
 
 
 def freeze_survivors(thaw: bool = False) -> None:
     """Collect what is garbage now and freeze what survives (`thaw`: first give back to the
-    collector everything frozen before, so that cycles among them are collected)."""
+    collector everything frozen before, so that cycles through them are collected)."""
     if thaw:
         gc.unfreeze()
     gc.collect()
     gc.freeze()
 
 
-def _keep_frozen() -> None:
+async def keep_frozen() -> None:
+    """On the event loop, for as long as the operator runs: freeze survivors every
+    `FREEZE_EVERY_SECONDS`, thawing first every `THAW_EVERY_SECONDS` (see the module)."""
     thawed = time.monotonic()
     while True:
-        time.sleep(FREEZE_EVERY_SECONDS)
+        await asyncio.sleep(FREEZE_EVERY_SECONDS)
         thaw = time.monotonic() - thawed >= THAW_EVERY_SECONDS
         if thaw:
             thawed = time.monotonic()
         freeze_survivors(thaw)
 
 
-def tune(keep_frozen: bool = True) -> None:
-    """Freeze what start-up made, space out the collections, time each, and (`keep_frozen`,
-    in a thread of its own) keep freezing what lives on (see the module)."""
+def tune() -> None:
+    """Freeze what start-up made, space out the collections and time each (see the module;
+    `keep_frozen` is started on the event loop)."""
     freeze_survivors()
     gc.set_threshold(YOUNG, OLDER, OLDER)
     if _time_collections not in gc.callbacks:
         gc.callbacks.append(_time_collections)
-    if keep_frozen:
-        threading.Thread(target=_keep_frozen, name="gc-freeze", daemon=True).start()

@@ -41,11 +41,11 @@ from decimal import Decimal
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from reservoir import __version__
+from reservoir import __version__, gc_tuning
 from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.contracts import in_use, type_of
 from reservoir.core.lifecycle import LedgerEvent
@@ -198,13 +198,6 @@ reconcile_seconds = BoundedHistogram(
     "reservoir_ledger_reconcile_seconds",
     "Time to read, reconcile and write one envelope's ledger.",
     ["namespace"],
-)
-gc_pause = Histogram(
-    "reservoir_gc_pause_seconds",
-    "Pauses of Python's cyclic garbage collector (the whole operator stops), by generation "
-    "collected (2: a full collection).",
-    ["generation"],
-    buckets=(0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
 )
 ledger_errors = BoundedCounter(
     "reservoir_ledger_errors_total",
@@ -482,6 +475,50 @@ def _bounded_resources(amounts: Mapping[str, Decimal]) -> list[tuple[str, Decima
 
 envelopes = EnvelopeGauges()
 REGISTRY.register(envelopes)
+
+
+class GcPauses(Collector):
+    """reservoir_gc_pause_seconds: the garbage collector's pauses, by generation. The
+    collector's hook only appends each pause to `gc_tuning.pauses` (a collection can start
+    inside any allocation, one made while a metric's lock is held included: a hook that
+    took that lock would wait on itself, as prometheus_client's own GC collector once did);
+    a scrape drains them into the histogram, under a lock the hook never takes."""
+
+    BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[int, list[int]] = {}
+        self._sums: dict[int, float] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        family = HistogramMetricFamily(
+            "reservoir_gc_pause_seconds",
+            "Pauses of Python's cyclic garbage collector (the whole operator stops), by "
+            "generation collected (2: a full collection).",
+            labels=["generation"],
+        )
+        with self._lock:
+            while gc_tuning.pauses:
+                generation, seconds = gc_tuning.pauses.popleft()
+                counts = self._buckets.setdefault(generation, [0] * (len(self.BUCKETS) + 1))
+                for i, bound in enumerate(self.BUCKETS):
+                    if seconds <= bound:
+                        counts[i] += 1
+                counts[-1] += 1
+                self._sums[generation] = self._sums.get(generation, 0.0) + seconds
+            for generation, counts in sorted(self._buckets.items()):
+                bounds = [str(b) for b in self.BUCKETS] + ["+Inf"]
+                family.add_metric(
+                    [str(generation)],
+                    buckets=list(zip(bounds, counts, strict=True)),
+                    sum_value=self._sums[generation],
+                )
+        yield family
+
+
+gc_pauses = GcPauses()
+REGISTRY.register(gc_pauses)
 
 
 def count_events(namespace: str, workflow_class: str, events: Iterable[LedgerEvent]) -> None:

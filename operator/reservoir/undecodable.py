@@ -40,10 +40,13 @@ MAX_DEPTH = 100
 _MARKER = "\x00reservoir.dev/too-deep\x00"  # a JSON string no API object holds: NUL inside
 _MARKER_JSON = json.dumps(_MARKER)
 _TOKENS = re.compile(r'"(?:[^"\\]|\\.)*"|[\[\]{}]', re.DOTALL)
-# 19 digits in a row: perhaps an integer past 64 bits (below -2**63, or 2**64 and up: 20
-# digits), which orjson reads as a float. Digits inside a string match too: those documents
-# only take the slower decoder.
-_LONG_DIGITS = re.compile(r"[0-9]{19}")
+# A number of 19 digits or more: perhaps an integer past 64 bits (below -2**63, or 2**64
+# and up: 20 digits), which orjson reads as a float. Only where a JSON number can start
+# (first, or after `:`, `,` or `[`): digits inside a string (a timestamp in nanoseconds in an
+# annotation) would send every event of that object to the slower decoder, whose objects
+# share no keys (found by review: 40 % more memory for each such claim's record). A string
+# holding ":" and 19 digits only costs that object the slower decoder.
+_LONG_NUMBER = re.compile(r"(?:\A|[:,\[])\s*-?[0-9]{19}")
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def loads(text: str) -> Any:
     """A JSON document decoded, by orjson; by `json` if it may hold an integer past 64 bits,
     or if orjson refuses it (NaN, a lone surrogate, nesting past orjson's limit): `json`'s
     answer or error stands."""
-    if _LONG_DIGITS.search(text) is None:
+    if _LONG_NUMBER.search(text) is None:
         try:
             return orjson.loads(text)
         except orjson.JSONDecodeError:

@@ -156,6 +156,17 @@ def test_what_orjson_refuses_is_decoded_or_refused_as_python_s_decoder_does(text
     assert json.dumps(decoded) == json.dumps(expected)
 
 
+def test_long_digits_inside_a_string_keep_the_fast_decoder() -> None:
+    """Digits in a string (a timestamp in nanoseconds) are no number: the document stays on
+    orjson, whose objects share their keys (found by review: 40 % more memory a record)."""
+    first, second = (
+        loads(json.dumps({"metadata": {"annotations": {"t": "1733299200000000000"}}}))
+        for _ in range(2)
+    )
+    assert next(iter(first)) is next(iter(second))
+    assert first["metadata"]["annotations"]["t"] == "1733299200000000000"
+
+
 def test_objects_decoded_one_by_one_share_their_keys() -> None:
     first, second = (loads(json.dumps({"lastTransitionTime": i})) for i in range(2))
     assert next(iter(first)) is next(iter(second))

@@ -9,7 +9,7 @@ from typing import Any
 
 import kopf
 
-from reservoir import kopf_watch
+from reservoir import gc_tuning, kopf_watch
 from reservoir.endpoints import serve, watch_api
 from reservoir.k8s.claim_source import WatchedClaims
 from reservoir.k8s.devices import CLAIM_UID_LABEL
@@ -91,13 +91,17 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
         auth = MetricsAuth(services.client) if memo.get("metrics_auth") else None
         memo.endpoints = await serve(listening, services.health, auth)
     memo.api_watch = asyncio.create_task(watch_api(services.health, services.probe_api))
+    memo.gc_freezing = asyncio.create_task(gc_tuning.keep_frozen())  # see reservoir.gc_tuning
     services.health.started = True
 
 
 @kopf.on.cleanup()
-async def stop_endpoints(memo: kopf.Memo, **_: Any) -> None:
+async def stop_background_tasks(memo: kopf.Memo, **_: Any) -> None:
+    """The endpoints, the API watch and the freezing of survivors go with the operator."""
     if memo.get("api_watch") is not None:
         memo.api_watch.cancel()
+    if memo.get("gc_freezing") is not None:
+        memo.gc_freezing.cancel()
     if memo.get("endpoints") is not None:
         await memo.endpoints.cleanup()
 
