@@ -37,16 +37,16 @@ one whenever a quarter of the claims turned over).
 The freeze runs on the event loop (`keep_frozen`), between two of its callbacks: a
 collection already under way in another thread would make `gc.collect()` return at once
 and the freeze keep the garbage it left (found by review), and no other code of the loop's
-runs between the collection and the freeze. Each collection's pause is recorded, without
-taking a lock (the collector can start inside any allocation, a metrics scrape holding
-its lock included), and `reservoir_gc_pause_seconds` reports them by generation."""
+runs between the collection and the freeze; a tick that finds a collection of another
+thread's under way does not freeze. Each collection's pause is counted without taking a
+lock (the collector can start inside any allocation, a metrics scrape holding its lock
+included), and `reservoir_gc_pause_seconds` reports them by generation."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 import time
-from collections import deque
 from typing import Any
 
 YOUNG = 10_000  # container allocations (less deallocations) between young collections
@@ -54,28 +54,46 @@ OLDER = 20  # collections of a generation between collections of the next
 FREEZE_EVERY_SECONDS = 60.0
 THAW_EVERY_SECONDS = 900.0
 
-# (generation, seconds) of each collection since the last scrape: appended inside the
-# collector (a deque's append takes no lock), drained by `metrics.GcPauses` at scrape time.
-pauses: deque[tuple[int, float]] = deque(maxlen=100_000)
+# Each collection's pause, counted by generation into the histogram's buckets (upper
+# bounds, seconds; the last count is every collection's) inside the collector: no lock, no
+# queue (`metrics.GcPauses` reads them at scrape time).
+PAUSE_BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+pause_counts: dict[int, list[int]] = {g: [0] * (len(PAUSE_BUCKETS) + 1) for g in range(3)}
+pause_seconds: dict[int, float] = dict.fromkeys(range(3), 0.0)
 _started: list[float] = []  # when the collection under way started
 
 
 def _time_collections(phase: str, info: dict[str, Any]) -> None:
-    """gc.callbacks: each collection's pause, by generation (no lock, no raising: it runs
-    inside the collector)."""
+    """gc.callbacks: count each collection's pause by generation (no lock, no raising: it
+    runs inside the collector, which may have started in any allocation)."""
     if phase == "start":
         _started.append(time.perf_counter())
-    elif _started:
-        pauses.append((int(info.get("generation", 0)), time.perf_counter() - _started.pop()))
+        return
+    if not _started:
+        return
+    seconds = time.perf_counter() - _started.pop()
+    generation = info.get("generation", 0)
+    counts = pause_counts.get(generation)
+    if counts is None:
+        return
+    for i, bound in enumerate(PAUSE_BUCKETS):
+        if seconds <= bound:
+            counts[i] += 1
+    counts[-1] += 1
+    pause_seconds[generation] += seconds
 
 
 def freeze_survivors(thaw: bool = False) -> None:
     """Collect what is garbage now and freeze what survives (`thaw`: first give back to the
-    collector everything frozen before, so that cycles through them are collected)."""
+    collector everything frozen before, so that cycles through them are collected). Not
+    while another thread's collection is under way (kopf runs synchronous handlers in
+    threads): `gc.collect()` then returns at once, and the freeze would keep that
+    collection's garbage (found by review); the next tick freezes instead."""
     if thaw:
         gc.unfreeze()
     gc.collect()
-    gc.freeze()
+    if not _started:
+        gc.freeze()
 
 
 async def keep_frozen() -> None:

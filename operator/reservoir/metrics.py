@@ -478,18 +478,12 @@ REGISTRY.register(envelopes)
 
 
 class GcPauses(Collector):
-    """reservoir_gc_pause_seconds: the garbage collector's pauses, by generation. The
-    collector's hook only appends each pause to `gc_tuning.pauses` (a collection can start
-    inside any allocation, one made while a metric's lock is held included: a hook that
-    took that lock would wait on itself, as prometheus_client's own GC collector once did);
-    a scrape drains them into the histogram, under a lock the hook never takes."""
-
-    BUCKETS = (0.001, 0.005, 0.025, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._buckets: dict[int, list[int]] = {}
-        self._sums: dict[int, float] = {}
+    """reservoir_gc_pause_seconds: the garbage collector's pauses, by generation, as the
+    collector's hook counted them (`gc_tuning`). The hook takes no lock: a collection can
+    start inside any allocation, one made while a metric's lock is held included, and a hook
+    that took that lock would wait on itself (as prometheus_client's own GC collector once
+    did). Each generation's counts are copied at once (one list), so its buckets and count
+    agree."""
 
     def collect(self) -> Iterator[Metric]:
         family = HistogramMetricFamily(
@@ -498,22 +492,13 @@ class GcPauses(Collector):
             "generation collected (2: a full collection).",
             labels=["generation"],
         )
-        with self._lock:
-            while gc_tuning.pauses:
-                generation, seconds = gc_tuning.pauses.popleft()
-                counts = self._buckets.setdefault(generation, [0] * (len(self.BUCKETS) + 1))
-                for i, bound in enumerate(self.BUCKETS):
-                    if seconds <= bound:
-                        counts[i] += 1
-                counts[-1] += 1
-                self._sums[generation] = self._sums.get(generation, 0.0) + seconds
-            for generation, counts in sorted(self._buckets.items()):
-                bounds = [str(b) for b in self.BUCKETS] + ["+Inf"]
-                family.add_metric(
-                    [str(generation)],
-                    buckets=list(zip(bounds, counts, strict=True)),
-                    sum_value=self._sums[generation],
-                )
+        bounds = [str(b) for b in gc_tuning.PAUSE_BUCKETS] + ["+Inf"]
+        for generation, counts in sorted(gc_tuning.pause_counts.items()):
+            family.add_metric(
+                [str(generation)],
+                buckets=list(zip(bounds, list(counts), strict=True)),
+                sum_value=gc_tuning.pause_seconds[generation],
+            )
         yield family
 
 

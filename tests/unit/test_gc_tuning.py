@@ -53,17 +53,30 @@ def test_every_collection_s_pause_is_measured(collector: None) -> None:
     assert full_pauses() == before + 2
 
 
-def test_a_collection_during_a_scrape_is_recorded_without_waiting_on_the_scrape(
+def test_pauses_are_counted_in_cumulative_buckets_that_agree_with_the_count(
     collector: None,
 ) -> None:
-    """The hook takes no lock: a collection that starts while the scrape holds the
-    histogram's lock (inside any allocation) is recorded at the next scrape (found by
-    review: a hook that took a metric's lock could wait on its own thread forever)."""
     gc_tuning.tune()
-    before = full_pauses()
-    with metrics.gc_pauses._lock:  # as a scrape holds it
-        gc.collect()  # would hang here if the hook took the lock
-    assert full_pauses() == before + 1
+    gc.collect()
+    sample = metrics.REGISTRY.get_sample_value
+    count = sample("reservoir_gc_pause_seconds_count", {"generation": "2"})
+    buckets = [
+        sample("reservoir_gc_pause_seconds_bucket", {"generation": "2", "le": str(b)})
+        for b in (*gc_tuning.PAUSE_BUCKETS, "+Inf")
+    ]
+    assert buckets == sorted(buckets) and buckets[-1] == count  # type: ignore[type-var]
+
+
+def test_no_freeze_while_another_thread_s_collection_is_under_way(
+    collector: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    gc.unfreeze()
+    monkeypatch.setattr(gc_tuning, "_started", [0.0])  # a collection started elsewhere
+    gc_tuning.freeze_survivors()
+    assert gc.get_freeze_count() == 0
+    monkeypatch.setattr(gc_tuning, "_started", [])
+    gc_tuning.freeze_survivors()
+    assert gc.get_freeze_count() > 0
 
 
 def test_the_freeze_runs_on_the_event_loop_every_interval(
