@@ -46,11 +46,14 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import time
 from typing import Any
 
 YOUNG = 10_000  # container allocations (less deallocations) between young collections
 OLDER = 20  # collections of a generation between collections of the next
+logger = logging.getLogger(__name__)
+
 FREEZE_EVERY_SECONDS = 60.0
 THAW_EVERY_SECONDS = 900.0
 
@@ -98,14 +101,19 @@ def freeze_survivors(thaw: bool = False) -> None:
 
 async def keep_frozen() -> None:
     """On the event loop, for as long as the operator runs: freeze survivors every
-    `FREEZE_EVERY_SECONDS`, thawing first every `THAW_EVERY_SECONDS` (see the module)."""
+    `FREEZE_EVERY_SECONDS`, thawing first every `THAW_EVERY_SECONDS` (see the module). A
+    tick that fails is logged and the next one runs: nothing awaits this task, so an error
+    would otherwise end it unseen."""
     thawed = time.monotonic()
     while True:
         await asyncio.sleep(FREEZE_EVERY_SECONDS)
         thaw = time.monotonic() - thawed >= THAW_EVERY_SECONDS
         if thaw:
             thawed = time.monotonic()
-        freeze_survivors(thaw)
+        try:
+            freeze_survivors(thaw)
+        except Exception:
+            logger.exception("freezing the garbage collector's survivors failed; next tick")
 
 
 def tune() -> None:

@@ -97,6 +97,29 @@ def test_the_freeze_runs_on_the_event_loop_every_interval(
     assert any(ticks) and not all(ticks)  # thawed now and then, not on every tick
 
 
+def test_a_failed_tick_does_not_end_the_freezing(
+    collector: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ticks: list[bool] = []
+
+    def tick(thaw: bool = False) -> None:
+        ticks.append(thaw)
+        if len(ticks) == 1:
+            raise MemoryError("the first tick fails")
+
+    monkeypatch.setattr(gc_tuning, "FREEZE_EVERY_SECONDS", 0.01)
+    monkeypatch.setattr(gc_tuning, "freeze_survivors", tick)
+
+    async def run() -> None:
+        task = asyncio.create_task(gc_tuning.keep_frozen())
+        await asyncio.sleep(0.1)
+        assert not task.done()
+        task.cancel()
+
+    asyncio.run(run())
+    assert len(ticks) >= 3
+
+
 class Node:
     """An object in a reference cycle (only the collector frees it)."""
 
