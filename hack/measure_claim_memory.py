@@ -3,16 +3,11 @@
 Not a test and not a benchmark: it runs no cluster and times nothing. For N copies of a
 claim (and its Lease), parsed from JSON as the watch delivers them, it keeps what the
 operator keeps for as long as the claim lives, through the same functions the operator
-runs: the records of the kopf indexes (`claims_by_envelope`, `envelope_of_claim`,
-`leases_by_envelope`), the writer's parsed facts (kept from pass to pass), and kopf's own
-per-object memory (`ResourceMemories.recall`). Everything else is dropped, then the
+runs: the records of the claim and Lease informers (reservoir.k8s.informer), and the
+writer's parsed facts (kept from pass to pass). Everything else is dropped, then the
 traced memory still allocated is divided by N.
 
     .venv/bin/python hack/measure_claim_memory.py            # a small claim, and 1.5 MB
-
-At restart, kopf also holds its own copy of every object it lists until every index is
-filled (each object's worker waits with it): the second figure keeps those copies too, as
-the indexers leave them.
 
 Not counted: the claim's ledger entry and its share of the envelope's ledger (parsed on
 each pass), Python's allocator overhead (arenas), and kopf's transient copies while it
@@ -22,19 +17,16 @@ processes an event.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import gc
 import json
 import tracemalloc
 from typing import Any
 
-import kopf
-from kopf._core.reactor.inventory import ResourceMemories
-
-from reservoir.handlers.claims import claims_by_envelope
-from reservoir.handlers.leases import leases_by_envelope
-from reservoir.handlers.pods import envelope_of_claim
+from reservoir.handlers.claims import claim_key
+from reservoir.handlers.leases import lease_key
 from reservoir.k8s import facts as read
+from reservoir.k8s.claim_source import claim_record, lease_record
+from reservoir.k8s.informer import Informer
 from reservoir.undecodable import loads
 
 MANAGED_FIELDS = [
@@ -172,41 +164,22 @@ def lease_json(i: int) -> str:
     )
 
 
-async def keep(claim: dict[str, Any], lease: dict[str, Any], memories: ResourceMemories) -> Any:
-    """What the operator keeps of one claim and its Lease while they live."""
-    body, lease_body = kopf.Body(claim), kopf.Body(lease)
-    spec, meta = body.spec, body.metadata
-    record = await claims_by_envelope(body=body, spec=spec, namespace=meta.namespace)
-    envelope = await envelope_of_claim(name=meta.name, namespace=meta.namespace, spec=spec)
-    lease_record = await leases_by_envelope(
-        body=lease_body, labels=lease_body.metadata.labels, namespace=meta.namespace
-    )
-    [kept] = record.values()
-    [kept_lease] = lease_record.values()
-    facts = read.claim_facts(kept, kept_lease)  # kept by the writer from pass to pass
-    await memories.recall(claim)  # kopf's own memory of each object it watches
-    await memories.recall(lease)
-    return record, envelope, lease_record, facts
-
-
-def per_claim(count: int, hints: int, restart: bool) -> tuple[float, int]:
-    """Bytes kept per claim (traced), and the size of its JSON. `restart`: with kopf's
-    copies of the objects, held until every index is filled."""
+def per_claim(count: int, hints: int) -> tuple[float, int]:
+    """Bytes kept per claim (traced), and the size of its JSON."""
     texts = [(claim_json(i, hints), lease_json(i)) for i in range(count)]
-    memories = ResourceMemories()
-    kept: list[Any] = []
+    claims = Informer("branchclaims", claim_record, claim_key, lambda *_: None)
+    leases = Informer("leases", lease_record, lease_key, lambda *_: None)
+    facts: list[Any] = []
     gc.collect()
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
-
-    async def watch() -> None:
-        for claim_text, lease_text in texts:  # as the watch delivers them, one by one
-            claim, lease = loads(claim_text), loads(lease_text)  # as the watch decodes
-            kept.append(await keep(claim, lease, memories))
-            if restart:
-                kept.append((claim, lease))
-
-    asyncio.run(watch())
+    for claim_text, lease_text in texts:  # as the watch delivers them, one by one
+        claims.apply({"type": "ADDED", "object": loads(claim_text)}, None)  # as it decodes
+        leases.apply({"type": "ADDED", "object": loads(lease_text)}, None)
+    by_name = {lease["metadata"]["name"]: lease for lease in leases.get(("team-a", "wf"))}
+    for claim in claims.get(("team-a", "wf")):  # the writer's facts, kept between passes
+        facts.append(read.claim_facts(claim, by_name[claim["metadata"]["name"]]))
+    del by_name
     gc.collect()
     after = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -222,11 +195,10 @@ def main() -> None:
         ("small claim", args.small, 0),
         ("claim with a 1.5 MB affinity", args.large, 1_500_000),
     ):
-        live, size = per_claim(count, hints, restart=False)
-        restart, _ = per_claim(count, hints, restart=True)
+        live, size = per_claim(count, hints)
         print(
             f"{label} (JSON {size / 1024:,.1f} KiB, N={count}): kept {live / 1024:,.1f} KiB "
-            f"a claim while it lives, {restart / 1024:,.1f} KiB at restart"
+            "a claim while it lives"
         )
 
 

@@ -27,7 +27,7 @@ import json
 import logging
 import types
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -38,6 +38,7 @@ from kopf._core.reactor import queueing
 from reservoir import metrics
 from reservoir.core.model import API_GROUP
 from reservoir.endpoints import Health
+from reservoir.k8s.informer import Informer
 from reservoir.undecodable import SetAside, decode_event, decode_list
 
 logger = logging.getLogger(__name__)
@@ -171,9 +172,44 @@ def _what(resource: Any, namespace: str | None) -> str:
     return f"{_kind(resource)} {f'in {namespace}' if namespace else 'cluster-wide'}"
 
 
-def apply(health: Health, settings: OperatorSettings) -> SetAsideReporter:
+async def serve_informer(
+    informer: Informer,
+    *,
+    namespace: Any,  # kopf's NamespaceName (a str), or None: the whole cluster
+    settings: OperatorSettings,
+    resource: Any,
+    operator_paused: Any = None,
+    operator_indexed: Any = None,
+    resource_indexed: Any = None,
+    **_: Any,
+) -> None:
+    """kopf's watcher for a kind served by an informer of ours: kopf's watch stream (its
+    list, then its watch, each restarted as kopf does), each event into the informer, and
+    no per-object worker. The end of the first list releases kopf's hold on the daemons,
+    as kopf's own watcher does once a kind's objects are indexed."""
+    async for event in watching.infinite_watch(
+        settings=settings,
+        resource=resource,
+        namespace=namespace,
+        operator_paused=operator_paused,
+    ):
+        if event is watching.Bookmark.LISTED:
+            informer.listed(namespace)
+            if operator_indexed is not None and resource_indexed is not None:
+                await operator_indexed.drop_toggle(resource_indexed)
+            continue
+        if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
+            continue
+        informer.apply(event, namespace)
+
+
+def apply(
+    health: Health, settings: OperatorSettings, informers: Mapping[str, Informer] | None = None
+) -> SetAsideReporter:
     """Install the tolerant decoders and the restarting watcher into kopf. Called at
-    start-up, before kopf starts its watchers."""
+    start-up, before kopf starts its watchers. The kinds in `informers` (by plural and
+    group: "branchclaims.reservoir.dev") are served by those, not by kopf's workers."""
+    served = dict(informers or {})
     report = SetAsideReporter(settings)
 
     async def get_tolerantly(url: str, **kwargs: Any) -> Any:
@@ -204,9 +240,13 @@ def apply(health: Health, settings: OperatorSettings) -> SetAsideReporter:
         """kopf's watcher, started again whenever it fails; down on /readyz meanwhile."""
         what = _what(kwargs["resource"], kwargs["namespace"])
         backoff = 1.0
+        informer = served.get(_kind(kwargs["resource"]))
         while True:
             try:
-                await _ORIGINAL_WATCHER(**kwargs)
+                if informer is not None:
+                    await serve_informer(informer, **kwargs)
+                else:
+                    await _ORIGINAL_WATCHER(**kwargs)
                 return
             except asyncio.CancelledError:
                 raise

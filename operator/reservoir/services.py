@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
@@ -14,7 +14,9 @@ from lightkube import AsyncClient
 
 from reservoir.endpoints import Health
 from reservoir.k8s.devices import DeviceHolder, PlacementAllowList
+from reservoir.k8s.informer import Informer
 from reservoir.k8s.ledger_writer import LedgerWriter
+from reservoir.k8s.per_object import LatestPerObject
 from reservoir.k8s.pool_writer import PoolWriter
 from reservoir.k8s.provider_http import ProviderHttp, ProviderSettings
 from reservoir.k8s.providers import ProviderClient
@@ -47,6 +49,11 @@ class Services:
     writer: LedgerWriter
     pools: PoolWriter
     health: Health
+    # The watch-fed records of claims and their Leases, and the adoptions of claims made
+    # without the SDK: made at start-up, with the handlers they call (handlers/startup.py).
+    claims: Informer = field(init=False)
+    leases: Informer = field(init=False)
+    adoptions: LatestPerObject = field(init=False)
 
     @classmethod
     def build(cls) -> Services:

@@ -1,14 +1,17 @@
-"""BranchClaim: indexed for its envelope's writer; every change wakes that writer.
+"""BranchClaim: kept for its envelope's writer; every change wakes that writer.
 
-Claims have no kopf change handlers: kopf keeps no diff-base annotation on them and adds
-no finalizer of its own, so a claim's life costs the operator no write beyond the ledger's
-own (its status mirror, and the removal of its finalizer once settled). A claim made
-without the SDK gets its envelope owner and the claim finalizer here, once.
+Claims have no kopf handlers: their watch is served by the claim informer (reservoir.k8s.
+informer), which keeps each claim's record and calls `claim_changed`. kopf keeps no
+diff-base annotation on them and adds no finalizer of its own, so a claim's life costs the
+operator no write beyond the ledger's own (its status mirror, and the removal of its
+finalizer once settled). A claim made without the SDK gets its envelope owner and the
+claim finalizer here, once (`adopt`, off the watch's task: reservoir.k8s.per_object).
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -17,7 +20,7 @@ from lightkube.types import PatchType
 
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
 from reservoir.core.text import MESSAGE_LENGTH, bounded
-from reservoir.k8s.claim_source import claim_record, shed
+from reservoir.k8s.informer import Key
 from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
@@ -40,50 +43,83 @@ def pending_without_envelope(envelope: str) -> BranchClaimStatus:
 
 
 @kopf.index(*CLAIMS)
-async def claims_by_envelope(
-    body: kopf.Body, spec: kopf.Spec, namespace: str | None, **_: Any
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """The envelope's writer reads its claims from here (fed by the watch), not by a
-    LIST on every pass. kopf fills every index before any handler or daemon runs. Each
-    claim is kept as its compact record: the fields decisions read, never its placement
-    hints (`claim_record`). (The indexers are coroutines: kopf runs plain functions in a
-    thread pool, a hand-off per event.)"""
-    record = claim_record(body)
-    shed(body)  # kopf's copy: it may wait with it for every other object at start-up
-    return {(namespace or "", str(spec.get("envelope") or "")): record}
+async def claims_by_envelope(**_: Any) -> None:
+    """Declares the watch of claims, each namespace's first list held before any daemon
+    runs (kopf does both for an indexed kind). Their events never reach kopf's handlers:
+    the claim informer (`Services.claims`, reservoir.k8s.informer) takes them in, keeping
+    each claim's compact record (`claim_record`) by envelope for the writer, and calls
+    `claim_changed`."""
 
 
-@kopf.on.event(*CLAIMS)
-async def wake_the_envelope(
-    event: kopf.RawEvent,
-    body: kopf.Body,
-    spec: kopf.Spec,
-    meta: kopf.Meta,
-    uid: str,
-    namespace: str | None,
-    memo: kopf.Memo,
-    **_: Any,
+def claim_key(body: Mapping[str, Any]) -> Key:
+    """Where a claim's record is kept: its namespace and envelope."""
+    spec = body.get("spec")
+    envelope = spec.get("envelope") if isinstance(spec, Mapping) else None
+    return str(body["metadata"].get("namespace") or ""), str(envelope or "")
+
+
+def claim_changed(
+    services: Services, event: str | None, body: Mapping[str, Any], record: Mapping[str, Any]
 ) -> None:
     """Any change to a claim is a fact for its envelope's ledger (the writer's own status
     writes are not: it has reconciled them already)."""
-    services: Services = memo.services
-    envelope = str(spec.get("envelope") or "")
+    namespace, envelope = claim_key(record)
+    meta = record["metadata"]
+    uid = str(meta["uid"])
     if not namespace:
         return
-    gone = event.get("type") == "DELETED"
-    if gone:
-        services.writer.saw_deleted(uid, body)
+    if event == "DELETED":
+        services.writer.saw_deleted(uid, record)
     else:
         # Before the own-write check: a claim whose adoption lost a race against the
         # writer's status write is adopted on that write's event (found by review).
-        await adopt(services, namespace, body, envelope)
+        if adoption_needed(services, namespace, body, envelope):
+            services.adoptions.submit(uid, namespace, adoption_view(body), envelope)
         if services.writer.own_write(uid, str(meta.get("resourceVersion"))):
             return
     if envelope:
         services.writer.poke(namespace, envelope)
 
 
-async def adopt(services: Services, namespace: str, body: kopf.Body, envelope: str) -> None:
+def adoption_needed(
+    services: Services, namespace: str, body: Mapping[str, Any], envelope: str
+) -> bool:
+    """Whether `adopt` has anything to do for this version of a claim: one made without
+    the SDK (no owner, or no claim finalizer), or one being deleted whose envelope's
+    daemon does not run (so no pass would release it)."""
+    meta = body["metadata"]
+    finalizers = meta.get("finalizers") or []
+    deleting = bool(meta.get("deletionTimestamp"))
+    if deleting:
+        return CLAIM_FINALIZER in finalizers and not services.writer.kept(namespace, envelope)
+    return not meta.get("ownerReferences") or CLAIM_FINALIZER not in finalizers
+
+
+def adoption_view(body: Mapping[str, Any]) -> dict[str, Any]:
+    """Of a claim, what `adopt` reads: kept while the adoption waits its turn, not the
+    whole object (whose placement hints may be a megabyte)."""
+    meta = body["metadata"]
+    view: dict[str, Any] = {
+        "metadata": {
+            k: meta[k]
+            for k in (
+                "name",
+                "uid",
+                "resourceVersion",
+                "finalizers",
+                "ownerReferences",
+                "deletionTimestamp",
+            )
+            if k in meta
+        }
+    }
+    status = body.get("status")
+    if isinstance(status, Mapping) and status.get("queueReason") is not None:
+        view["status"] = {"queueReason": status["queueReason"]}
+    return view
+
+
+async def adopt(services: Services, namespace: str, body: Mapping[str, Any], envelope: str) -> None:
     """A claim made without the SDK: owned by its envelope (deleting the envelope collects
     its settled claims) and guarded by the claim finalizer. A claim being deleted is left
     to its envelope's writer, which removes the finalizer once the settlement is recorded,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from reservoir.k8s.claim_source import lease_record, shed
+from reservoir.k8s.informer import Key
 from reservoir.k8s.resources import ENVELOPE_LABEL
 from reservoir.services import Services
 
@@ -14,20 +15,24 @@ LEASES = ("coordination.k8s.io", "v1", "leases")
 
 
 @kopf.index(*LEASES, labels={ENVELOPE_LABEL: kopf.PRESENT})
-async def leases_by_envelope(
-    body: kopf.Body, labels: kopf.Labels, namespace: str | None, **_: Any
-) -> dict[tuple[str, str], dict[str, Any]]:
-    """The envelope's writer reads its claims' Leases from here, not by a LIST per pass
-    (each as its compact record: `lease_record`)."""
-    record = lease_record(body)
-    shed(body)  # kopf's copy: it may wait with it for every other object at start-up
-    return {(namespace or "", str(labels[ENVELOPE_LABEL])): record}
+async def leases_by_envelope(**_: Any) -> None:
+    """Declares the watch of claims' Leases (only those labelled with an envelope, by a
+    server-side selector), each namespace's first list held before any daemon runs. Their
+    events never reach kopf's handlers: the Lease informer (`Services.leases`) keeps each
+    one's compact record (`lease_record`) by envelope for the writer, and calls
+    `renewal_requested`."""
 
 
-@kopf.on.event(*LEASES, labels={ENVELOPE_LABEL: kopf.PRESENT})
-async def renewal_requested(
-    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
+def lease_key(body: Mapping[str, Any]) -> Key:
+    """Where a Lease's record is kept: its namespace and its claim's envelope."""
+    meta = body["metadata"]
+    labels = meta.get("labels") or {}
+    return str(meta.get("namespace") or ""), str(labels.get(ENVELOPE_LABEL) or "")
+
+
+def renewal_requested(
+    services: Services, event: str | None, body: Mapping[str, Any], _record: Mapping[str, Any]
 ) -> None:
-    services: Services = memo.services
-    if namespace:
-        services.writer.poke(namespace, labels[ENVELOPE_LABEL])
+    namespace, envelope = lease_key(body)
+    if namespace and envelope:
+        services.writer.poke(namespace, envelope)

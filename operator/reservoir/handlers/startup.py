@@ -5,14 +5,21 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable
+from functools import partial
 from typing import Any
 
 import kopf
 
 from reservoir import gc_tuning, kopf_watch
+from reservoir.core.model import API_GROUP
 from reservoir.endpoints import serve, watch_api
-from reservoir.k8s.claim_source import WatchedClaims
+from reservoir.handlers import claims, leases
+from reservoir.handlers.claims import claim_key
+from reservoir.handlers.leases import lease_key
+from reservoir.k8s.claim_source import WatchedClaims, claim_record, lease_record
 from reservoir.k8s.devices import CLAIM_UID_LABEL
+from reservoir.k8s.informer import Informer
+from reservoir.k8s.per_object import LatestPerObject
 from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, FINALIZER
 from reservoir.metrics_auth import MetricsAuth
 from reservoir.services import Services
@@ -72,19 +79,32 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     settings.watching.server_timeout = 300
     for resource, selector in WATCH_LABEL_SELECTORS.items():
         settings.watching.label_selectors[resource] = selector
-    # The initial LIST of each kind in pages: kopf holds one page's objects whole until
-    # their indexers have made their records (`claim_source.shed`), not every object's.
+    # The initial LIST of each kind in pages: kopf holds one page's objects at a time.
     settings.watching.chunk_size = LIST_PAGE
     memo.services = services = Services.build()
+    # Claims and their Leases are served by informers of ours, not kopf's workers (see
+    # reservoir.k8s.informer), each event to the handler of its kind.
+    services.claims = Informer(
+        "branchclaims", claim_record, claim_key, partial(claims.claim_changed, services)
+    )
+    services.leases = Informer(
+        "leases", lease_record, lease_key, partial(leases.renewal_requested, services)
+    )
+    services.adoptions = LatestPerObject(partial(claims.adopt, services))
     # Before kopf starts its watchers: an object none can decode is set aside, a watcher
     # that fails is started again, and /readyz says so meanwhile (see the module).
-    memo.set_aside = kopf_watch.apply(services.health, settings)
-    # The ledger writers read claims and Leases from the watch-fed indexes (kopf fills them
-    # before any daemon starts), confirming with a GET what a stale copy could change.
-    # (kopf passes each index by its handler's name.)
-    services.writer.source = WatchedClaims(
-        kwargs["claims_by_envelope"], kwargs["leases_by_envelope"]
+    memo.set_aside = kopf_watch.apply(
+        services.health,
+        settings,
+        {
+            f"branchclaims.{API_GROUP}": services.claims,
+            "leases.coordination.k8s.io": services.leases,
+        },
     )
+    # The ledger writers read claims and Leases from the informers (each namespace's first
+    # list is complete before any daemon starts), confirming with a GET what a stale copy
+    # could change.
+    services.writer.source = WatchedClaims(services.claims, services.leases)
     services.writer.children = kwargs["envelopes_by_parent"]
     listening = memo.get("endpoints_socket")  # bound by the command line, before kopf ran
     if listening is not None:

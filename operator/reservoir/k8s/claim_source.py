@@ -98,27 +98,6 @@ def claim_record(body: Mapping[str, Any]) -> Body:
     return share_strings(record)
 
 
-def shed(body: Mapping[str, Any]) -> None:
-    """Drop, in place, what no handler reads from kopf's own copy of a watched claim or
-    Lease, once its record is made: its managed fields, annotations but the force-settle
-    one, and a claim's placement hints. kopf holds the copy of every object it lists at
-    start-up until every index is filled (each object's worker waits with it), so without
-    this a restart holds every whole object at once (a few dozen claims of a megabyte of
-    hints would take the operator past its memory limit on every restart). The handlers
-    that see the copy afterwards (`wake_the_envelope`, `adopt`, `renewal_requested`) read
-    none of these."""
-    meta = body.get("metadata")
-    if isinstance(meta, dict):
-        meta.pop("managedFields", None)
-        annotations = meta.get("annotations")
-        if isinstance(annotations, dict) and set(annotations) - {FORCE_SETTLE_ANNOTATION}:
-            kept = {k: v for k, v in annotations.items() if k == FORCE_SETTLE_ANNOTATION}
-            meta["annotations"] = kept
-    spec = body.get("spec")
-    if isinstance(spec, dict):
-        spec.pop("placement", None)
-
-
 def lease_record(body: Mapping[str, Any]) -> Body:
     """The copy of a claim's Lease the operator keeps: its identity and version, and the
     renewal it shows (holder, renew time, transitions). Nothing else of it is read."""
@@ -231,7 +210,10 @@ class ListedClaims:
 
 
 # A kopf.Index (or any mapping like it): the bodies stored under each key.
-Index = Mapping[Key, Iterable[Body]]
+class Index(Protocol):
+    """Records by (namespace, envelope): an informer (reservoir.k8s.informer), or a dict."""
+
+    def get(self, key: Key, /) -> Iterable[Body] | None: ...
 
 
 @dataclass
