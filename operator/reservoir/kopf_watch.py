@@ -16,6 +16,10 @@ namespace). Two things stopped all of it for every tenant (issue 21):
   its task: `apply` wraps kopf's watcher so that it is started again (backing off up to a
   minute), and /readyz says "not ready" from its failure until its list is complete again.
 
+The kinds the operator keeps many of (claims and their Leases) are served by informers
+of its own (reservoir.k8s.informer): `serve_informer` takes kopf's watcher's place for
+them, with the same watch stream, restarts and readiness, and no per-object worker.
+
 These are kopf internals (1.45: `_cogs.clients.api`, `fetching`, `watching`,
 `_core.reactor.queueing`); `tests/unit/test_kopf_watch.py` fails if they move.
 """
@@ -54,6 +58,7 @@ MAX_BACKOFF_SECONDS = 60.0
 
 _ORIGINAL_WATCHER = queueing.watcher
 _ORIGINAL_INFINITE_WATCH = watching.infinite_watch
+_ORIGINAL_CONTINUOUS_WATCH = watching.continuous_watch
 
 
 class SetAsideReporter:
@@ -172,6 +177,11 @@ def _what(resource: Any, namespace: str | None) -> str:
     return f"{_kind(resource)} {f'in {namespace}' if namespace else 'cluster-wide'}"
 
 
+# A list begins: put in the stream by `continuous_watch` below, before each list kopf
+# makes. A BOOKMARK to kopf's own watchers, which pass over those.
+LIST_BEGINS = "reservoir.dev/list-begins"
+
+
 async def serve_informer(
     informer: Informer,
     *,
@@ -198,18 +208,33 @@ async def serve_informer(
             if operator_indexed is not None and resource_indexed is not None:
                 await operator_indexed.drop_toggle(resource_indexed)
             continue
-        if isinstance(event, watching.Bookmark) or event.get("type") == "BOOKMARK":
+        if isinstance(event, watching.Bookmark):
+            continue
+        if event.get("type") == "BOOKMARK":
+            if event.get(LIST_BEGINS):
+                informer.list_begins(namespace)
             continue
         informer.apply(event, namespace)
 
 
+async def _set_once_indexed(operator_indexed: Any, indexed: asyncio.Event) -> None:
+    await operator_indexed.wait_for(True)
+    indexed.set()
+
+
 def apply(
-    health: Health, settings: OperatorSettings, informers: Mapping[str, Informer] | None = None
+    health: Health,
+    settings: OperatorSettings,
+    informers: Mapping[str, Informer] | None = None,
+    indexed: asyncio.Event | None = None,
 ) -> SetAsideReporter:
     """Install the tolerant decoders and the restarting watcher into kopf. Called at
     start-up, before kopf starts its watchers. The kinds in `informers` (by plural and
-    group: "branchclaims.reservoir.dev") are served by those, not by kopf's workers."""
+    group: "branchclaims.reservoir.dev") are served by those, not by kopf's workers.
+    `indexed` is set once every kind kopf holds its handlers for has listed (the moment
+    kopf's own handlers and daemons start)."""
     served = dict(informers or {})
+    waiting: set[asyncio.Task[None]] = set()
     report = SetAsideReporter(settings)
 
     async def get_tolerantly(url: str, **kwargs: Any) -> Any:
@@ -241,6 +266,12 @@ def apply(
         what = _what(kwargs["resource"], kwargs["namespace"])
         backoff = 1.0
         informer = served.get(_kind(kwargs["resource"]))
+        operator_indexed = kwargs.get("operator_indexed")
+        if indexed is not None and not indexed.is_set() and not waiting:
+            if operator_indexed is None:
+                indexed.set()
+            else:
+                waiting.add(asyncio.create_task(_set_once_indexed(operator_indexed, indexed)))
         while True:
             try:
                 if informer is not None:
@@ -256,6 +287,13 @@ def apply(
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
+    async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
+        """kopf's list-then-watch, told apart from the list before it (see LIST_BEGINS)."""
+        yield {"type": "BOOKMARK", "object": {"metadata": {}}, LIST_BEGINS: True}
+        async for event in _ORIGINAL_CONTINUOUS_WATCH(**kwargs):
+            yield event
+
+    watching.continuous_watch = continuous_watch
     watching.infinite_watch = infinite_watch
     queueing.watcher = watcher
     return report

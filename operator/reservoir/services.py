@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Mapping
@@ -51,9 +52,11 @@ class Services:
     health: Health
     # The watch-fed records of claims and their Leases, and the adoptions of claims made
     # without the SDK: made at start-up, with the handlers they call (handlers/startup.py).
-    claims: Informer = field(init=False)
-    leases: Informer = field(init=False)
-    adoptions: LatestPerObject = field(init=False)
+    claims: Informer = field(init=False, repr=False)
+    leases: Informer = field(init=False, repr=False)
+    adoptions: LatestPerObject = field(init=False, repr=False)
+    # Set once every watched kind's first list is complete (when kopf starts its daemons).
+    indexed: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
 
     @classmethod
     def build(cls) -> Services:

@@ -20,7 +20,7 @@ from lightkube.types import PatchType
 
 from reservoir.core.model import API_GROUP, API_VERSION, BranchClaimStatus
 from reservoir.core.text import MESSAGE_LENGTH, bounded
-from reservoir.k8s.informer import Key
+from reservoir.k8s.informer import UNLISTED, Key
 from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
@@ -59,23 +59,27 @@ def claim_key(body: Mapping[str, Any]) -> Key:
 
 
 def claim_changed(
-    services: Services, event: str | None, body: Mapping[str, Any], record: Mapping[str, Any]
+    services: Services,
+    event: str | None,
+    body: Mapping[str, Any],
+    record: Mapping[str, Any],
+    key: Key,
 ) -> None:
     """Any change to a claim is a fact for its envelope's ledger (the writer's own status
-    writes are not: it has reconciled them already)."""
-    namespace, envelope = claim_key(record)
-    meta = record["metadata"]
-    uid = str(meta["uid"])
+    writes are not: it has reconciled them already). A claim missing from a new list is
+    only news: the writer reads it fresh if its ledger still names it."""
+    namespace, envelope = key
     if not namespace:
         return
+    uid = str(record["metadata"]["uid"])
     if event == "DELETED":
         services.writer.saw_deleted(uid, record)
-    else:
+    elif event != UNLISTED:
         # Before the own-write check: a claim whose adoption lost a race against the
         # writer's status write is adopted on that write's event (found by review).
         if adoption_needed(services, namespace, body, envelope):
-            services.adoptions.submit(uid, namespace, adoption_view(body), envelope)
-        if services.writer.own_write(uid, str(meta.get("resourceVersion"))):
+            services.adoptions.submit(uid, namespace, namespace, adoption_view(body), envelope)
+        if services.writer.own_write(uid, str(record["metadata"].get("resourceVersion"))):
             return
     if envelope:
         services.writer.poke(namespace, envelope)

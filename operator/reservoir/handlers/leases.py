@@ -31,8 +31,13 @@ def lease_key(body: Mapping[str, Any]) -> Key:
 
 
 def renewal_requested(
-    services: Services, event: str | None, body: Mapping[str, Any], _record: Mapping[str, Any]
+    services: Services,
+    event: str | None,
+    body: Mapping[str, Any],
+    record: Mapping[str, Any],
+    key: Key,
 ) -> None:
-    namespace, envelope = lease_key(body)
+    """Any change to a claim's Lease (a renewal, or its end) is news for its envelope."""
+    namespace, envelope = key
     if namespace and envelope:
         services.writer.poke(namespace, envelope)

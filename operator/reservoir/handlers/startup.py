@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Iterable
 from functools import partial
@@ -25,6 +26,7 @@ from reservoir.metrics_auth import MetricsAuth
 from reservoir.services import Services
 
 LIST_PAGE = 50  # objects per page of kopf's initial LIST of each kind
+ADOPTIONS_GRACE_SECONDS = 5.0  # at shutdown, for adoptions under way to finish
 
 
 # The kinds the operator only indexes and watches (no on.create/update/delete handler, no
@@ -90,7 +92,9 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
     services.leases = Informer(
         "leases", lease_record, lease_key, partial(leases.renewal_requested, services)
     )
-    services.adoptions = LatestPerObject(partial(claims.adopt, services))
+    services.adoptions = LatestPerObject(
+        partial(claims.adopt, services), ready=services.indexed.wait
+    )
     # Before kopf starts its watchers: an object none can decode is set aside, a watcher
     # that fails is started again, and /readyz says so meanwhile (see the module).
     memo.set_aside = kopf_watch.apply(
@@ -100,6 +104,7 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
             f"branchclaims.{API_GROUP}": services.claims,
             "leases.coordination.k8s.io": services.leases,
         },
+        services.indexed,
     )
     # The ledger writers read claims and Leases from the informers (each namespace's first
     # list is complete before any daemon starts), confirming with a GET what a stale copy
@@ -117,11 +122,16 @@ async def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: 
 
 @kopf.on.cleanup()
 async def stop_background_tasks(memo: kopf.Memo, **_: Any) -> None:
-    """The endpoints, the API watch and the freezing of survivors go with the operator."""
+    """The endpoints, the API watch and the freezing of survivors go with the operator;
+    adoptions under way are given a moment to finish."""
     if memo.get("api_watch") is not None:
         memo.api_watch.cancel()
     if memo.get("gc_freezing") is not None:
         memo.gc_freezing.cancel()
+    adoptions = getattr(memo.get("services"), "adoptions", None)
+    if adoptions is not None:  # adoptions under way finish (a patch each), within reason
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(adoptions.drained(), ADOPTIONS_GRACE_SECONDS)
     if memo.get("endpoints") is not None:
         await memo.endpoints.cleanup()
 

@@ -2,15 +2,15 @@
 
 `ListedClaims` lists them from the API server on every pass: always fresh, and one LIST
 of claims and one of Leases per pass, however little changed. `WatchedClaims` reads them
-from the operator's watch-fed kopf indexes (no request at all) and is only as fresh as
-the watch. A stale view can only lack facts, never invent them (every object version is
-a consistent snapshot, and a claim's facts only grow), so the writer confirms with a
-direct GET exactly the decisions that a missing fact could change: a claim the ledger
-names but the index lacks (gone?), and a claim about to take or return capacity (see
-LedgerWriter). Correctness never rests on the index being fresh; the envelope's
-compare-and-swap still fences every decision.
+from the operator's watch-fed informers (reservoir.k8s.informer; no request at all) and
+is only as fresh as the watch. A stale view can only lack facts, never invent them
+(every object version is a consistent snapshot, and a claim's facts only grow), so the
+writer confirms with a direct GET exactly the decisions that a missing fact could
+change: a claim the ledger names but the index lacks (gone?), and a claim about to take
+or return capacity (see LedgerWriter). Correctness never rests on the index being
+fresh; the envelope's compare-and-swap still fences every decision.
 
-Both hand the writer, and the indexes keep, a compact record of each claim and Lease
+Both hand the writer, and the informers keep, a compact record of each claim and Lease
 (`claim_record`, `lease_record`): the fields decisions read, not the whole object (a
 claim's placement hints alone may be a megabyte).
 
@@ -209,7 +209,6 @@ class ListedClaims:
         return False
 
 
-# A kopf.Index (or any mapping like it): the bodies stored under each key.
 class Index(Protocol):
     """Records by (namespace, envelope): an informer (reservoir.k8s.informer), or a dict."""
 
@@ -238,8 +237,9 @@ class Written:
 
 @dataclass
 class WatchedClaims:
-    """From the watch-fed indexes `claims_by_envelope` and `leases_by_envelope`, each
-    keyed by (namespace, envelope name), with this operator's own writes laid over them."""
+    """From the watch-fed informers of claims and of Leases (`Services.claims`, `leases`),
+    each keyed by (namespace, envelope name), with this operator's own writes laid over
+    them."""
 
     claim_index: Index
     lease_index: Index

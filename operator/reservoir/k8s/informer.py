@@ -14,9 +14,12 @@ and envelope), and calls one function per event. kopf still lists and watches th
 namespace's first list is complete; only what it did per object is done here.
 
 A list that is complete again (after a watch expired, or the watch was restarted) is
-the whole truth at its resourceVersion: an object kept from before that the list lacks
-was deleted meanwhile, and is dropped as if its DELETED event had come (UIDs are never
-reused). kopf's own indexes never dropped those.
+the whole truth at its resourceVersion, but for what the decoder set aside: an object
+kept from before that the list lacks was deleted meanwhile or cannot be read now. Its
+record is dropped and its envelope woken (`UNLISTED`), never reported deleted: only a
+DELETED event or a fresh read says that (the writer reads a claim its ledger names and no
+informer holds). Each list attempt starts its count afresh (`list_begins`): a list cut off
+half-way says nothing about what its second attempt lacks.
 """
 
 from __future__ import annotations
@@ -29,10 +32,13 @@ logger = logging.getLogger(__name__)
 
 Record = dict[str, Any]
 Key = tuple[str, str]  # (namespace, envelope name)
-# An event's type (None for an object of a list, then ADDED, MODIFIED, DELETED), the
-# object as the API server sent it, and its record (for DELETED: the record last kept
-# when the object was dropped for missing from a new list, else the object's own).
-Changed = Callable[[str | None, Mapping[str, Any], Record], None]
+# An object kept before that a complete list lacks (deleted, or set aside by the decoder).
+UNLISTED = "UNLISTED"
+# An event's type (None for an object of a list, ADDED, MODIFIED, DELETED, UNLISTED), the
+# object as the API server sent it (for UNLISTED, the record), its record (the object's
+# own; for DELETED or UNLISTED the last one kept, if any) and where the record is (or
+# was) kept.
+Changed = Callable[[str | None, Mapping[str, Any], Record, Key], None]
 
 
 class Informer:
@@ -67,6 +73,10 @@ class Informer:
     def __len__(self) -> int:
         return len(self._keys)
 
+    def list_begins(self, scope: str | None) -> None:
+        """The watch of `scope` starts a list (again): count what it shows from here."""
+        self._listing[scope] = set()
+
     def apply(self, event: Mapping[str, Any], scope: str | None) -> None:
         """One event of the watch of `scope` (a namespace, or None: the whole cluster).
         One object's failure is logged and never stops the stream of the others."""
@@ -79,12 +89,18 @@ class Informer:
             if kind is None:
                 self._listing.setdefault(scope, set()).add(uid)
             if kind == "DELETED":
-                self._drop(uid)
-                self._changed(kind, body, self._record(body))
+                where = self._keys.get(uid)
+                kept = self._drop(uid)
+                # The last state the API server sent, unless the decoder set it aside (then
+                # only its metadata came): the record kept before it, status and all.
+                if kept is None or "spec" in body:
+                    kept = self._record(body)
+                self._changed(kind, body, kept, where or self._key(body))
                 return
             record = self._record(body)
-            self._keep(uid, self._key(body), record)
-            self._changed(kind, body, record)
+            key = self._key(body)
+            self._keep(uid, key, record)
+            self._changed(kind, body, record, key)
         except Exception:
             meta = body.get("metadata") if isinstance(body, Mapping) else None
             meta = meta if isinstance(meta, Mapping) else {}
@@ -94,21 +110,19 @@ class Informer:
             )  # fmt: skip
 
     def listed(self, scope: str | None) -> None:
-        """The list of `scope`'s watch is complete: what it lacks was deleted meanwhile."""
+        """The list of `scope`'s watch is complete: what it lacks is not there now."""
         seen = self._listing.pop(scope, set())
-        gone = [
-            uid
+        unlisted = [
+            (uid, key)
             for uid, key in self._keys.items()
             if uid not in seen and (scope is None or key[0] == scope)
         ]
-        for uid in gone:
-            key = self._keys[uid]
-            record = self._by_key[key][uid]
-            self._drop(uid)
+        for uid, key in unlisted:
+            record = self._drop(uid) or {}
             try:
-                self._changed("DELETED", record, record)
+                self._changed(UNLISTED, record, record, key)
             except Exception:
-                logger.exception("could not take in the deletion of %s %s", self.kind, uid)
+                logger.exception("could not take in the absence of %s %s", self.kind, uid)
 
     def _keep(self, uid: str, key: Key, record: Record) -> None:
         before = self._keys.get(uid)
@@ -119,10 +133,11 @@ class Informer:
         meta = record.get("metadata") or {}
         self._names[(key[0], str(meta.get("name") or ""))] = uid
 
-    def _drop(self, uid: str) -> None:
+    def _drop(self, uid: str) -> Record | None:
+        """Forget `uid`'s record; the record it was, if one was kept."""
         key = self._keys.pop(uid, None)
         if key is None:
-            return
+            return None
         records = self._by_key.get(key) or {}
         record = records.pop(uid, None)
         if not records:
@@ -130,3 +145,4 @@ class Informer:
         name = (key[0], str(((record or {}).get("metadata") or {}).get("name") or ""))
         if self._names.get(name) == uid:
             del self._names[name]
+        return record
