@@ -27,6 +27,7 @@ from reservoir.core.model import (
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
 )
+from reservoir.core.model.common import share_field_sets
 from reservoir.core.reconcile import EnvelopeFacts
 from reservoir.core.text import bounded
 from reservoir.k8s.resources import (
@@ -242,6 +243,8 @@ def claim_facts(
     record = settled_record(status, meta["uid"], meta["name"], spec.attempt)
     if record is None and line is not None and line.phase.terminal and line.settlement:
         record = line  # its line says it settled, whatever the rest of its status says
+    for kept in (spec, line, record):  # kept from pass to pass: see share_field_sets
+        share_field_sets(kept)
     return ClaimFacts(
         uid=meta["uid"],
         name=meta["name"],
