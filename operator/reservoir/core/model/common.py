@@ -195,8 +195,11 @@ def _copied(value: Any) -> Any:
 # from five names up, as much as the values (measured: 2.6 of a claim's 6 KB of parsed
 # facts). Nothing here reads those sets (no `exclude_unset`) or changes one in place:
 # models are never assigned to, and every copy makes its own (`copied`, `model_copy`).
-# Bounded: past it the table starts again.
-SHARED_FIELD_SETS = 4096
+# Bounded: past it the table starts again. A tenant choosing which optional fields its
+# claims give can make many distinct sets (names come from the schema, never from the
+# tenant, so each is small): 512 of them hold about a MiB, and the usual handful of
+# shapes are all that a cluster keeps in it.
+SHARED_FIELD_SETS = 512
 _field_sets: dict[frozenset[str], set[str]] = {}
 
 
