@@ -10,6 +10,7 @@ import kopf
 from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION, ChildPhase
 from reservoir.core.reconcile import Reconciliation
+from reservoir.handlers.claims import own_claims
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.ledger_writer import LedgerStuckError
 from reservoir.k8s.resources import FORCE_SETTLE_GONE_ANNOTATION
@@ -91,7 +92,8 @@ def seconds_to_wake(result: Reconciliation | None) -> float:
 async def settle_children_before_removal(
     namespace: str | None, name: str, body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any
 ) -> None:
-    """Deleting an envelope cancels its children first; it goes only once all settled."""
+    """Deleting an envelope cancels its children first; it goes only once all settled, and
+    each of its claims is its own (the garbage collector takes them with it)."""
     assert namespace is not None
     services: Services = memo.services
     try:
@@ -117,6 +119,8 @@ async def settle_children_before_removal(
         parent = record.name if record is not None and record.name else "its parent"
         message = f"waiting for {parent} to settle this envelope's line"
         services.writer.poke_parent(namespace, record)
+    elif not live and (missed := await own_claims(services, namespace, body)):
+        message = f"waiting to own {len(missed)} claims: {', '.join(missed[:5])}"
     elif not live:
         metrics.envelopes.forget(namespace, name)  # its series go with it
         services.writer.forget(namespace, name)
