@@ -3,7 +3,8 @@
 Not a test and not a benchmark: it runs no cluster and times nothing. For N copies of a
 claim (and its Lease), parsed from JSON as the watch delivers them, it keeps what the
 operator keeps for as long as the claim lives, through the same functions the operator
-runs: the records of the claim and Lease informers (reservoir.k8s.informer), and the
+runs: the records of the claim and Lease informers (reservoir.k8s.informer; a claim's
+spec and status kept as compact JSON), and the
 writer's parsed facts (kept from pass to pass). Everything else is dropped, then the
 traced memory still allocated is divided by N.
 

@@ -23,10 +23,11 @@ nor treats its own write as news (`own_write`).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import orjson
 from lightkube import AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
@@ -41,6 +42,7 @@ from reservoir.k8s.resources import (
 )
 
 Body = dict[str, Any]
+Record = Mapping[str, Any]  # a claim's (`ClaimRecord`) or a Lease's (`lease_record`)
 Key = tuple[str, str]  # (namespace, envelope name)
 # How long a written-through object is kept when the watch never shows a newer one (the
 # claim was deleted meanwhile): long enough for any watch lag, short enough to stay small.
@@ -63,10 +65,10 @@ CLAIM_METADATA = (
 )
 
 
-def claim_record(body: Mapping[str, Any]) -> Body:
-    """The copy of a claim the operator keeps (in its index, and its own writes laid over
-    it) and decides on: every field a decision reads, in the object's own shape, so that a
-    record and the object read alike. The whole status is kept (a status write is a
+def claim_record(body: Mapping[str, Any]) -> ClaimRecord:
+    """The copy of a claim the operator keeps (in its informer, and its own writes laid
+    over it) and decides on: every field a decision reads, in the object's own shape, so
+    that a record and the object read alike. The whole status is kept (a status write is a
     compare-and-swap on it) and the whole spec but its placement hints, which only the
     placeholder pod of a device hold needs: they are read fresh when it is made
     (k8s/devices.py), and a hint of a megabyte never stays in memory. Of the metadata only
@@ -80,22 +82,116 @@ def claim_record(body: Mapping[str, Any]) -> Body:
     finalizers = list(meta.get("finalizers") or [])
     if CLAIM_FINALIZER in finalizers:
         kept["finalizers"] = finalizers[: finalizers.index(CLAIM_FINALIZER) + 1]
-    record: Body = {
-        "apiVersion": body.get("apiVersion", f"{API_GROUP}/{API_VERSION}"),
-        "kind": body.get("kind", "BranchClaim"),
-        "metadata": kept,
-    }
-    spec = body.get("spec")
+    spec = body.get("spec", _MISSING)
+    problem = None
     if isinstance(spec, Mapping):
-        record["spec"] = {k: v for k, v in spec.items() if k != "placement"}
         problem = body.get(PLACEMENT_PROBLEM) or placement_problem(spec.get("placement"))
-        if problem:
-            record[PLACEMENT_PROBLEM] = problem
-    elif spec is not None:
-        record["spec"] = spec  # not an object: read as unreadable, as before
-    if "status" in body:
-        record["status"] = body["status"]
-    return share_strings(record)
+        spec = {k: v for k, v in spec.items() if k != "placement"}
+    # (a spec that is not an object is kept as it is: read as unreadable, as before)
+    return ClaimRecord(
+        body.get("apiVersion", f"{API_GROUP}/{API_VERSION}"),
+        body.get("kind", "BranchClaim"),
+        kept,
+        spec,
+        body.get("status", _MISSING),
+        problem or _MISSING,
+    )
+
+
+class _Missing:
+    """A part the claim does not have (not the same as one that is null)."""
+
+    def __repr__(self) -> str:
+        return "<missing>"
+
+
+_MISSING: Any = _Missing()
+
+
+class ClaimRecord(Mapping[str, Any]):
+    """A claim's record as kept, read like the claim itself (`record["spec"]`,
+    `record.get("status")`, and never written to): its metadata as it came (every pass
+    reads it), its spec and status as compact JSON, decoded each time they are read (a
+    pass reads them only of the claims that moved). Kept as dicts, a Tentative claim's
+    spec and status were 4.4 of its record's 6 KB, as JSON 1.8 (measured with
+    hack/measure_claim_memory.py): at 100,000 live claims, 330 MiB. A part JSON cannot
+    carry as it is (an integer past 64 bits, a lone surrogate) stays as it came."""
+
+    __slots__ = ("_api_version", "_kind", "_metadata", "_problem", "_spec", "_status")
+
+    def __init__(
+        self,
+        api_version: Any,
+        kind: Any,
+        metadata: dict[str, Any],
+        spec: Any = _MISSING,
+        status: Any = _MISSING,
+        problem: Any = _MISSING,
+    ) -> None:
+        self._api_version = api_version
+        self._kind = kind
+        self._metadata = metadata
+        self._spec = packed(spec)
+        self._status = packed(status)
+        self._problem = problem
+
+    def __getitem__(self, key: str) -> Any:
+        if key == "metadata":
+            return self._metadata
+        value = self._part(key)
+        if value is _MISSING:
+            raise KeyError(key)
+        return unpacked(value)
+
+    def _part(self, key: str) -> Any:
+        if key == "spec":
+            return self._spec
+        if key == "status":
+            return self._status
+        if key == "apiVersion":
+            return self._api_version
+        if key == "kind":
+            return self._kind
+        if key == PLACEMENT_PROBLEM:
+            return self._problem
+        return _MISSING
+
+    def __iter__(self) -> Iterator[str]:
+        yield "apiVersion"
+        yield "kind"
+        yield "metadata"
+        for key in ("spec", "status", PLACEMENT_PROBLEM):
+            if self._part(key) is not _MISSING:
+                yield key
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+    def __contains__(self, key: object) -> bool:
+        return key == "metadata" or (isinstance(key, str) and self._part(key) is not _MISSING)
+
+    def __repr__(self) -> str:
+        return f"ClaimRecord({dict(self)!r})"
+
+
+def packed(value: Any) -> Any:
+    """`value` (an object or a list) as compact JSON, if it reads back equal; else as it
+    is: an integer past 64 bits or a lone surrogate (which orjson refuses), a NaN (which it
+    writes as null; the watch's fallback decoder reads one)."""
+    if not isinstance(value, dict | list):
+        return value
+    try:
+        # orjson's answer keeps the capacity it grew to (about twice the text): copied to
+        # its exact size (found measuring: otherwise the packing saved nothing).
+        text = bytes(memoryview(orjson.dumps(value)))
+    except orjson.JSONEncodeError:  # a TypeError too: a key not a string, say
+        return value
+    return text if orjson.loads(text) == value else value
+
+
+def unpacked(value: Any) -> Any:
+    # Bytes are only ever what `packed` made: decoded JSON holds none.
+    return orjson.loads(value) if type(value) is bytes else value
 
 
 def lease_record(body: Mapping[str, Any]) -> Body:
@@ -126,10 +222,10 @@ _shared: dict[str, str] = {}
 
 
 def share_strings(record: Body) -> Body:
-    """`record` with the short strings of its spec and status replaced, in place, by one
-    shared copy of each: a decoder makes new strings for every object, so each of 100,000
-    records kept its own "Tentative", "True" and each timestamp its conditions repeat
-    (measured on a Tentative claim's record: 8.4 KB, 5.4 KB shared). Keys are shared by
+    """`record` (a Lease's: a claim's keeps its spec and status as JSON) with the short
+    strings of its spec and status replaced, in place, by one shared copy of each: a
+    decoder makes new strings for every object, so each of 100,000 records kept its own
+    holder name and each renewal time its Lease repeats. Keys are shared by
     the watch's decoder already (`undecodable`). Equal strings replace equal strings:
     nothing that reads the record can tell. Only the spec and the status, whose size the
     CRD's schema bounds (its metadata may hold a megabyte of finalizers: found by review);
@@ -164,11 +260,11 @@ class ClaimSource(Protocol):
 
     fresh: bool  # True: read from the API server on each call, nothing to confirm
 
-    async def claims(self, namespace: str, envelope: str) -> list[Body]: ...
+    async def claims(self, namespace: str, envelope: str) -> list[Record]: ...
 
-    async def leases(self, namespace: str, envelope: str) -> dict[str, Body]: ...
+    async def leases(self, namespace: str, envelope: str) -> dict[str, Record]: ...
 
-    def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None: ...
+    def written(self, before: Mapping[str, Any], after: Record, own: bool = True) -> None: ...
 
     def own_write(self, uid: str, version: str) -> bool: ...
 
@@ -182,7 +278,7 @@ class ListedClaims:
     client: AsyncClient
     fresh: bool = True
 
-    async def claims(self, namespace: str, envelope: str) -> list[Body]:
+    async def claims(self, namespace: str, envelope: str) -> list[Record]:
         return [
             claim_record(as_dict(c))
             async for c in self.client.list(
@@ -190,8 +286,8 @@ class ListedClaims:
             )
         ]
 
-    async def leases(self, namespace: str, envelope: str) -> dict[str, Body]:
-        found: dict[str, Body] = {}
+    async def leases(self, namespace: str, envelope: str) -> dict[str, Record]:
+        found: dict[str, Record] = {}
         async for lease in self.client.list(
             Lease, namespace=namespace, labels={ENVELOPE_LABEL: envelope}
         ):
@@ -199,7 +295,7 @@ class ListedClaims:
             found[body["metadata"]["name"]] = body
         return found
 
-    def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None:
+    def written(self, before: Mapping[str, Any], after: Record, own: bool = True) -> None:
         return None
 
     def own_write(self, uid: str, version: str) -> bool:
@@ -212,7 +308,7 @@ class ListedClaims:
 class Index(Protocol):
     """Records by (namespace, envelope): an informer (reservoir.k8s.informer), or a dict."""
 
-    def get(self, key: Key, /) -> Iterable[Body] | None: ...
+    def get(self, key: Key, /) -> Iterable[Record] | None: ...
 
 
 @dataclass
@@ -221,12 +317,12 @@ class Written:
     one the write replaced and, for writes in a row, every one before it."""
 
     superseded: frozenset[str]
-    body: Body
+    body: Record
     at: float
     # Our own status writes (in a row): the statuses they replaced (none: a fresh read).
     replaced_statuses: tuple[Any, ...] = ()
 
-    def before_ours(self, copy: Body) -> bool:
+    def before_ours(self, copy: Record) -> bool:
         """Whether `copy`, a version the watch delivered that this write did not supersede,
         comes before our own status write: it still shows the status we replaced.
         Another's spec write between our read and our write is such a version (found by
@@ -249,9 +345,9 @@ class WatchedClaims:
     # Claims the watch saw deleted (its DELETED event): gone for good, no GET needed.
     _deleted: dict[str, float] = field(default_factory=dict)  # claim UID -> when seen
 
-    async def claims(self, namespace: str, envelope: str) -> list[Body]:
+    async def claims(self, namespace: str, envelope: str) -> list[Record]:
         now = time.monotonic()
-        found: list[Body] = []
+        found: list[Record] = []
         for body in self.claim_index.get((namespace, envelope)) or ():
             uid = body["metadata"]["uid"]
             written = self._written.get(uid)
@@ -271,13 +367,13 @@ class WatchedClaims:
         }
         return found
 
-    async def leases(self, namespace: str, envelope: str) -> dict[str, Body]:
+    async def leases(self, namespace: str, envelope: str) -> dict[str, Record]:
         return {
             body["metadata"]["name"]: body
             for body in self.lease_index.get((namespace, envelope)) or ()
         }
 
-    def written(self, before: Mapping[str, Any], after: Body, own: bool = True) -> None:
+    def written(self, before: Mapping[str, Any], after: Record, own: bool = True) -> None:
         """The writer replaced `before` by `after` (own), or read `after` fresh where the
         index still had `before` (not own: its watch event is news)."""
         uid = after["metadata"]["uid"]

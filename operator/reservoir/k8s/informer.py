@@ -30,7 +30,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-Record = dict[str, Any]
+Record = Mapping[str, Any]
 Key = tuple[str, str]  # (namespace, envelope name)
 # An object kept before that a complete list lacks (deleted, or set aside by the decoder).
 UNLISTED = "UNLISTED"

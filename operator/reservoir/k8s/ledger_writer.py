@@ -76,6 +76,7 @@ from reservoir.k8s import facts as read
 from reservoir.k8s.claim_source import (
     ClaimSource,
     ListedClaims,
+    Record,
     WatchedClaims,
     claim_record,
     forget_older,
@@ -133,7 +134,7 @@ def decided_on_absence(before: LedgerEntry | None, after: LedgerEntry) -> bool:
 
 
 def versions(
-    claims: list[dict[str, Any]], leases: Mapping[str, Mapping[str, Any]]
+    claims: list[Record], leases: Mapping[str, Mapping[str, Any]]
 ) -> tuple[frozenset[tuple[str, str]], frozenset[tuple[str, str]]]:
     """Which object versions a pass read: the same versions decide the same."""
     return (
@@ -169,7 +170,7 @@ class Conflict:
     """The compare-and-swap lost: someone wrote the envelope since we read it."""
 
 
-Invalid = tuple[dict[str, Any], "ClaimFacts | read.InvalidClaim"]
+Invalid = tuple[Record, "ClaimFacts | read.InvalidClaim"]
 
 
 FactsKey = tuple[str, str, str | None, tuple[tuple[str, str], ...]]
@@ -194,7 +195,7 @@ class PassFacts:
 
     async def update(
         self,
-        claims: list[dict[str, Any]],
+        claims: list[Record],
         leases: Mapping[str, Mapping[str, Any]],
         pods: Mapping[str, list[Mapping[str, Any]]],
     ) -> None:
@@ -283,8 +284,8 @@ class PassRead:
     parent: ParentView | None
     tree_bodies: dict[str, dict[str, Any]]  # its children and siblings, to poke
     child_bodies: dict[str, dict[str, Any]]  # child-line Events go on the child envelope
-    claims: list[dict[str, Any]]
-    leases: dict[str, dict[str, Any]]
+    claims: list[Record]
+    leases: dict[str, Record]
     confirmed: set[str]  # claims read fresh in this pass (or confirmed gone)
     pods: dict[str, list[Mapping[str, Any]]]
     resource_claims: dict[str, dict[str, Any]]
@@ -296,7 +297,7 @@ class PassRead:
     fresh: bool  # the claims were listed from the API server in this pass
 
     @property
-    def by_uid(self) -> dict[str, dict[str, Any]]:
+    def by_uid(self) -> dict[str, Mapping[str, Any]]:
         found = {c["metadata"]["uid"]: c for c in self.claims}
         found.update(self.child_bodies)
         return found
@@ -828,10 +829,10 @@ class LedgerWriter:
         self,
         namespace: str,
         wanted: Mapping[str, str],
-        claims: list[dict[str, Any]],
-        leases: dict[str, dict[str, Any]],
+        claims: list[Record],
+        leases: dict[str, Record],
         lapsing: set[str],
-    ) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    ) -> tuple[list[Record], dict[str, Record]]:
         """The claims `wanted` (UID -> name) read fresh, and the Leases of those `lapsing`:
         a claim that is not found (or is another claim now) is gone."""
         if not wanted:
@@ -862,7 +863,7 @@ class LedgerWriter:
 
     async def _read_over(
         self, namespace: str, name: str, uid: str, old: Mapping[str, Any] | None
-    ) -> dict[str, Any] | None:
+    ) -> Record | None:
         """The claim read fresh (its record), laid over the index's copy `old` (when there is
         one); None if it is gone or is another claim now (UIDs are never reused)."""
         read_now = await get_object(self.client, BranchClaim, name, namespace)
@@ -992,7 +993,7 @@ class LedgerWriter:
         raise LedgerStuckError(f"{namespace}/{name}: {reason}: {message}")
 
     async def _release_settled(
-        self, namespace: str, claims: list[dict[str, Any]], result: Reconciliation
+        self, namespace: str, claims: list[Record], result: Reconciliation
     ) -> None:
         """A claim being deleted goes once the ledger records its settlement: at once
         before the commit point, after the final report (or deadline) after it; and once
@@ -1017,7 +1018,7 @@ class LedgerWriter:
                 settled.append(claim)
         limit = self._fan_out.for_pass()
 
-        async def release(claim: dict[str, Any]) -> None:
+        async def release(claim: Record) -> None:
             async with limit:
                 if await remove_finalizer(self.client, namespace, claim):
                     # Gone (or going) for good: the index may show it until its DELETED
@@ -1055,7 +1056,7 @@ class LedgerWriter:
                     raise
 
     async def _workload_pods(
-        self, namespace: str, claims: list[dict[str, Any]], has_devices: bool
+        self, namespace: str, claims: list[Record], has_devices: bool
     ) -> dict[str, list[Mapping[str, Any]]]:
         """Pods labelled with a claim's name, for claims whose commit point is a pod's
         binding or start, or that hand devices over. Listed only when some claim may."""
@@ -1071,7 +1072,7 @@ class LedgerWriter:
         return pods
 
     def _announce_invalid(
-        self, invalid: list[tuple[dict[str, Any], ClaimFacts | read.InvalidClaim]]
+        self, invalid: list[tuple[Record, ClaimFacts | read.InvalidClaim]]
     ) -> None:
         """One Event per unreadable spec version, not one per reconcile."""
         for claim, fact in invalid:
@@ -1104,7 +1105,7 @@ class LedgerWriter:
         self,
         namespace: str,
         envelope: str,
-        claims: list[dict[str, Any]],
+        claims: list[Record],
         result: Reconciliation,
         now: datetime,
         problems: Mapping[str, str],
@@ -1119,7 +1120,7 @@ class LedgerWriter:
         rewritten: set[str] = set()  # of them, those whose status this call wrote
         deferred = dict(self._deferred.get((namespace, envelope), {}))
         wake: datetime | None = None
-        writes: list[tuple[dict[str, Any], BranchClaimStatus]] = []
+        writes: list[tuple[Record, BranchClaimStatus]] = []
         told_before = self._told.get((namespace, envelope), {})
         told_now: dict[str, tuple[object, ...]] = {}
         for claim in claims:
@@ -1208,7 +1209,7 @@ class LedgerWriter:
         self._deferred[(namespace, envelope)] = {u: d for u, d in deferred.items() if u in here}
         limit = self._fan_out.for_pass()
 
-        async def write(claim: dict[str, Any], wanted: BranchClaimStatus) -> None:
+        async def write(claim: Record, wanted: BranchClaimStatus) -> None:
             meta = claim["metadata"]
             try:
                 async with limit:
@@ -1332,7 +1333,7 @@ def workflow_class(envelope: Mapping[str, Any]) -> str:
 def snapshot(
     envelope: Mapping[str, Any],
     facts: EnvelopeFacts,
-    claims: list[dict[str, Any]],
+    claims: list[Record],
     result: Reconciliation,
 ) -> metrics.EnvelopeSnapshot:
     """What the envelope's gauges show after this reconcile."""
