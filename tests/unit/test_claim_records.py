@@ -312,3 +312,21 @@ def test_sharing_strings_walks_any_depth_without_recursion() -> None:
     while not isinstance(deep, str):
         deep = deep[0] if isinstance(deep, list) else deep["k"]
     assert deep is shared
+
+
+def test_the_commit_point_is_read_without_decoding(monkeypatch: Any) -> None:
+    """Every pass reads every claim's commit point (whether to list workload pods): kept
+    as it is, so a pass over 10,000 records decodes no spec (found by review: 265 ms a
+    pass with specs at the schema's bounds)."""
+    body = claim()
+    body["spec"]["commitPoint"] = "PodRunning"
+    record, plain = claim_record(body), claim_record(claim())
+
+    def refuse(value: Any) -> Any:
+        raise AssertionError("decoded")
+
+    monkeypatch.setattr(claim_source, "unpacked", refuse)
+    assert claim_source.commit_point(record) == "PodRunning"
+    assert claim_source.commit_point(plain) == "Dispatch"
+    assert claim_source.commit_point({"spec": {"commitPoint": "PodScheduled"}}) == "PodScheduled"
+    assert claim_source.commit_point({"spec": "not an object"}) == "Dispatch"

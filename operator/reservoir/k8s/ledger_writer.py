@@ -79,6 +79,7 @@ from reservoir.k8s.claim_source import (
     Record,
     WatchedClaims,
     claim_record,
+    commit_point,
     forget_older,
     lease_record,
 )
@@ -1060,9 +1061,7 @@ class LedgerWriter:
     ) -> dict[str, list[Mapping[str, Any]]]:
         """Pods labelled with a claim's name, for claims whose commit point is a pod's
         binding or start, or that hand devices over. Listed only when some claim may."""
-        if not has_devices and all(
-            (c.get("spec") or {}).get("commitPoint", "Dispatch") == "Dispatch" for c in claims
-        ):
+        if not has_devices and all(commit_point(c) == "Dispatch" for c in claims):
             return {}
         pods: dict[str, list[Mapping[str, Any]]] = {}
         workloads: dict[str, Any] = {CLAIM_LABEL: None, PLACEHOLDER_LABEL: not_exists()}
