@@ -119,9 +119,8 @@ async def settle_children_before_removal(
         parent = record.name if record is not None and record.name else "its parent"
         message = f"waiting for {parent} to settle this envelope's line"
         services.writer.poke_parent(namespace, record)
-    elif not live and (missed := await own_claims(services, namespace, body)):
-        message = f"waiting to own {len(missed)} claims: {', '.join(missed[:5])}"
     elif not live:
+        await own_claims(services, namespace, body)
         metrics.envelopes.forget(namespace, name)  # its series go with it
         services.writer.forget(namespace, name)
         return
