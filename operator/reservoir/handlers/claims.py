@@ -27,6 +27,7 @@ from reservoir.k8s.informer import UNLISTED, Key
 from reservoir.k8s.ledger_writer import LedgerStuckError, remove_finalizer
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
+    LIST_PAGE,
     BranchClaim,
     ReservationEnvelope,
     field_value,
@@ -37,7 +38,6 @@ from reservoir.services import Services
 logger = logging.getLogger(__name__)
 
 CLAIMS = (API_GROUP, API_VERSION, "branchclaims")
-LIST_PAGE = 50  # claims a page, when an envelope's deletion reads them all
 OWN_AT_ONCE = 16  # owner references added at once, when an envelope's deletion adds them
 
 
@@ -165,12 +165,7 @@ async def adopt(services: Services, namespace: str, body: Mapping[str, Any], env
         else:
             patch.append({"op": "add", "path": "/metadata/finalizers", "value": [CLAIM_FINALIZER]})
     if not owned and found is not None:
-        owner = {
-            "apiVersion": f"{API_GROUP}/{API_VERSION}",
-            "kind": "ReservationEnvelope",
-            "name": envelope,
-            "uid": found["metadata"]["uid"],
-        }
+        owner = envelope_owner(envelope, found["metadata"]["uid"])
         patch.append({"op": "add", "path": "/metadata/ownerReferences", "value": [owner]})
     try:
         version = meta["resourceVersion"]
@@ -193,6 +188,17 @@ async def adopt(services: Services, namespace: str, body: Mapping[str, Any], env
         # Changed or gone meanwhile: its next event adopts it.
         if error.status.code not in (404, 409, 422):
             raise
+
+
+def envelope_owner(name: str, uid: str) -> dict[str, str]:
+    """The owner reference a claim gets to its envelope (the garbage collector takes the
+    claim with it)."""
+    return {
+        "apiVersion": f"{API_GROUP}/{API_VERSION}",
+        "kind": "ReservationEnvelope",
+        "name": name,
+        "uid": uid,
+    }
 
 
 def waits_without_reason(body: Mapping[str, Any]) -> bool:
@@ -225,12 +231,7 @@ async def own_claims(services: Services, namespace: str, envelope: Mapping[str, 
     the API server refuses it (an owner set meanwhile, or a rule it fails) is left as it
     is, and logged: the envelope still goes."""
     meta = envelope["metadata"]
-    owner = {
-        "apiVersion": f"{API_GROUP}/{API_VERSION}",
-        "kind": "ReservationEnvelope",
-        "name": meta["name"],
-        "uid": meta["uid"],
-    }
+    owner = envelope_owner(meta["name"], meta["uid"])
     unowned: list[str] = []  # names only: a claim's metadata may be large
     async for claim in services.client.list(
         BranchClaim,

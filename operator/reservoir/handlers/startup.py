@@ -21,11 +21,10 @@ from reservoir.k8s.claim_source import WatchedClaims, claim_record, lease_record
 from reservoir.k8s.devices import CLAIM_UID_LABEL
 from reservoir.k8s.informer import Informer
 from reservoir.k8s.per_object import LatestPerObject
-from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, FINALIZER
+from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, FINALIZER, LIST_PAGE
 from reservoir.metrics_auth import MetricsAuth
 from reservoir.services import Services
 
-LIST_PAGE = 50  # objects per page of kopf's initial LIST of each kind
 ADOPTIONS_GRACE_SECONDS = 5.0  # at shutdown, for adoptions under way to finish
 
 

@@ -31,7 +31,7 @@ import orjson
 from lightkube import AsyncClient
 from lightkube.resources.coordination_v1 import Lease
 
-from reservoir.core.model import API_GROUP, API_VERSION
+from reservoir.core.model import API_GROUP, API_VERSION, CommitPoint
 from reservoir.k8s.facts import PLACEMENT_PROBLEM, as_dict, placement_problem
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
@@ -98,15 +98,17 @@ def claim_record(body: Mapping[str, Any]) -> ClaimRecord:
     )
 
 
-DEFAULT_COMMIT_POINT = "Dispatch"
-
-
 def commit_point(claim: Mapping[str, Any]) -> Any:
     """A claim's commit point (its spec's `commitPoint`), from a record without decoding."""
     if isinstance(claim, ClaimRecord):
         return claim.commit_point
-    spec = claim.get("spec")
-    return (spec.get("commitPoint") if isinstance(spec, Mapping) else None) or DEFAULT_COMMIT_POINT
+    return _commit_point_of(claim.get("spec"))
+
+
+def _commit_point_of(spec: Any) -> Any:
+    return (spec.get("commitPoint") if isinstance(spec, Mapping) else None) or (
+        CommitPoint.DISPATCH
+    )
 
 
 class _Missing:
@@ -151,9 +153,7 @@ class ClaimRecord(Mapping[str, Any]):
         self._kind = kind
         self._metadata = metadata
         # Read of every claim on every pass (`commit_point`): kept as it is, not decoded.
-        self.commit_point = (spec.get("commitPoint") if isinstance(spec, dict) else None) or (
-            DEFAULT_COMMIT_POINT
-        )
+        self.commit_point = _commit_point_of(spec)
         self._spec = packed(spec)
         self._status = packed(status)
         self._problem = problem

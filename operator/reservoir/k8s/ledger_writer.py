@@ -51,6 +51,7 @@ from reservoir.core.model import (
     MAX_CONDITIONS,
     BranchClaimStatus,
     ClaimPhase,
+    CommitPoint,
     Condition,
     EnvelopePolicy,
     LedgerEntry,
@@ -1061,7 +1062,7 @@ class LedgerWriter:
     ) -> dict[str, list[Mapping[str, Any]]]:
         """Pods labelled with a claim's name, for claims whose commit point is a pod's
         binding or start, or that hand devices over. Listed only when some claim may."""
-        if not has_devices and all(commit_point(c) == "Dispatch" for c in claims):
+        if not has_devices and all(commit_point(c) == CommitPoint.DISPATCH for c in claims):
             return {}
         pods: dict[str, list[Mapping[str, Any]]] = {}
         workloads: dict[str, Any] = {CLAIM_LABEL: None, PLACEHOLDER_LABEL: not_exists()}

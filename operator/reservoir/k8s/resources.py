@@ -32,6 +32,9 @@ FINALIZER = f"{API_GROUP}/settlement"
 # claims have no kopf change handlers, so kopf writes nothing on them (no diff-base
 # annotation on every spec change, no finalizer of its own).
 CLAIM_FINALIZER = f"{API_GROUP}/claim-settlement"
+# Objects a page when the operator lists a kind whole (kopf's first LIST of each kind,
+# an envelope's claims at its deletion): one small page of whole objects held at a time.
+LIST_PAGE = 50
 # A device claim's workload pod is created behind this scheduling gate; the operator lifts
 # it once the hand-off of the claim's devices is recorded.
 HAND_OFF_GATE = f"{API_GROUP}/hand-off"
