@@ -125,6 +125,9 @@ class ClaimLinesAudit(RuleBasedStateMachine):
         self.vanished: dict[str, Decimal] = {}  # held lines of claims removed unseen
         self.lost_lines: set[str] = set()
         self.adjusted: dict[str, Adjustment] = {}  # late adjustments applied, as first seen
+        # Claim writes a replica sent and that reach the API server late, after other
+        # passes (its process died or stalled once they were on the wire).
+        self.late_writes: list[tuple[str, Claim, LedgerEntry]] = []
 
     @initialize(
         tokens=st.integers(20, 400),
@@ -234,13 +237,16 @@ class ClaimLinesAudit(RuleBasedStateMachine):
     @rule(
         lag=st.sampled_from([0, 0, 0, 1, 3]),
         stale_envelope=st.sampled_from([0, 0, 0, 1, 2]),
-        kill=st.sampled_from(["none"] * 3 + ["before-write", "after-envelope", "mid-mirror"]),
+        kill=st.sampled_from(
+            ["none"] * 3 + ["before-write", "after-envelope", "mid-mirror", "late-claim-writes"]
+        ),
         mirrored=st.integers(0, 3),
     )
     def operator_pass(self, lag: int, stale_envelope: int, kill: str, mirrored: int) -> None:
         """One pass of a replica: read the envelope (the newest, or an older version for a
         replica that lags), read the claims (from a watch `lag` writes behind), decide,
-        compare-and-swap the envelope, then write each claim's line; it may die at `kill`."""
+        compare-and-swap the envelope, then write each claim's line; it may die at `kill`,
+        or its claim writes may reach the API server only later (`late-claim-writes`)."""
         store = self.store
         history = store.envelope_history
         version, status = history[max(0, len(history) - 1 - stale_envelope)]
@@ -299,17 +305,26 @@ class ClaimLinesAudit(RuleBasedStateMachine):
         self._book_gone(result.before, result.lines, result.events)
         if kill == "after-envelope":
             return
-        writes = list(result.to_claims.items())
+        writes = [*result.to_claims.items(), *result.off_ledger.items()]
         if kill == "mid-mirror":
             writes = writes[:mirrored]
         for uid, line in writes:
             read = seen.get(uid)
-            if read is not None:
+            if read is None:
+                continue
+            if kill == "late-claim-writes":
+                self.late_writes.append((uid, read, line))
+            else:
                 store.write_line(uid, read, line)
-        for uid, record in result.off_ledger.items():
-            read = seen.get(uid)
-            if read is not None:
-                store.write_line(uid, read, record)
+
+    @rule(pick=st.integers(0, 7))
+    def a_late_claim_write_arrives(self, pick: int) -> None:
+        """A claim write of an earlier pass reaches the API server now, after whatever
+        passes came since: conditional, like every write, on the claim as that pass read
+        it."""
+        if self.late_writes:
+            uid, read, line = self.late_writes.pop(pick % len(self.late_writes))
+            self.store.write_line(uid, read, line)
 
     # --- the auditor ---------------------------------------------------------------------
 
