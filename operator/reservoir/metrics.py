@@ -234,7 +234,8 @@ EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
 COMPENSATION_RESULTS = {APPLIED: "applied", RECORDED: "recorded"}
 # A snapshot older than this is not shown: the replica stopped reconciling the envelope
 # (it was paused behind a peer, or the envelope went while it was not looking). An active
-# replica reconciles every envelope at least every 30 s.
+# replica's daemon wakes for every envelope at least every 30 s (and says its snapshot is
+# still current when nothing moved).
 STALE_AFTER_SECONDS = 90.0
 # Distinct workflow classes labelled on counters and histograms; later ones count as
 # "_other", so a class label set per run cannot grow the series without bound.
@@ -310,6 +311,12 @@ class EnvelopeGauges(Collector):
             self._snapshots[(namespace, envelope)] = snapshot
             self._healthy[(namespace, envelope)] = True
             self._seen[(namespace, envelope)] = time.monotonic()
+
+    def still_current(self, namespace: str, envelope: str) -> None:
+        """The envelope's daemon is alive and nothing moved since its last snapshot."""
+        with self._lock:
+            if (namespace, envelope) in self._seen:
+                self._seen[(namespace, envelope)] = time.monotonic()
 
     def unhealthy(self, namespace: str, envelope: str) -> None:
         with self._lock:

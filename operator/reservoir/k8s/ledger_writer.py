@@ -162,10 +162,13 @@ class Trigger:
     def poke(self) -> None:
         self.event.set()
 
-    async def wait(self, seconds: float) -> None:
+    async def wait(self, seconds: float) -> bool:
+        """Wait for a poke, at most `seconds`: whether one came (or was waiting)."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.event.wait(), seconds)
+        poked = self.event.is_set()
         self.event.clear()
+        return poked
 
 
 class Conflict:
