@@ -36,6 +36,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -236,10 +237,37 @@ def log(message: str) -> None:
     print(f"[cluster] {message}", file=sys.stderr, flush=True)
 
 
+# Ports handed out by this process: each once, though nothing listens on it yet.
+_HANDED_OUT: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port free now, below the kernel's ephemeral range. A port from binding port 0 is
+    an ephemeral one: any outgoing connection made before the component listens may take
+    it as its local port (seen in CI: kube-controller-manager exited with "bind: address
+    already in use" while the tests' operator was talking to another API server)."""
+    low, high = listening_range()
+    for _ in range(1000):
+        port = random.randrange(low, high)
+        if port in _HANDED_OUT:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _HANDED_OUT.add(port)
+        return port
+    raise ClusterError(f"no free port between {low} and {high}")
+
+
+def listening_range() -> tuple[int, int]:
+    """The 10,000 ports just below the ephemeral range (32768-60999 unless configured)."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        first = 32768
+    return max(1024, first - 10_000), max(1025, first)
 
 
 def build_binaries() -> Path:
@@ -396,7 +424,10 @@ def wait_until(
     logfile: Path,
     process: subprocess.Popen[bytes] | None = None,
 ) -> None:
-    """Poll `check()` until it is truthy; on timeout or a dead process, point at the log."""
+    """Poll `check()` until it is truthy; on timeout or a dead process, point at the log.
+    A process must still run once its check passed: a component that could not listen on
+    its port exits at once, and another process listening there may answer its health
+    check (seen in CI)."""
     deadline = time.monotonic() + timeout
     last_error = ""
     while time.monotonic() < deadline:
@@ -405,10 +436,15 @@ def wait_until(
                 f"{what} exited (code {process.returncode}) during start-up; see its log: {logfile}"
             )
         try:
-            if check():
-                return
+            passed = check()
         except Exception as error:  # any failure is "not ready yet"
-            last_error = f" (last error: {error})"
+            passed, last_error = False, f" (last error: {error})"
+        if passed:
+            if process is not None:
+                time.sleep(0.5)
+                if process.poll() is not None:
+                    continue  # reported as exited above
+            return
         time.sleep(0.3)
     raise ClusterError(f"{what} not ready after {timeout:.0f}s{last_error}; see its log: {logfile}")
 
