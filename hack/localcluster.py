@@ -242,32 +242,40 @@ _HANDED_OUT: set[int] = set()
 
 
 def free_port() -> int:
-    """A port free now, below the kernel's ephemeral range. A port from binding port 0 is
-    an ephemeral one: any outgoing connection made before the component listens may take
-    it as its local port (seen in CI: kube-controller-manager exited with "bind: address
-    already in use" while the tests' operator was talking to another API server)."""
-    low, high = listening_range()
-    for _ in range(1000):
-        port = random.randrange(low, high)
-        if port in _HANDED_OUT:
-            continue
+    """A port free now, outside the kernel's ephemeral range when it leaves room. A port
+    from binding port 0 is an ephemeral one: any outgoing connection made before the
+    component listens may take it as its local port (seen in CI: kube-controller-manager
+    exited with "bind: address already in use" while the tests' operator was talking to
+    another API server)."""
+    span = listening_range()
+    for _ in range(1000 if span else 20):
+        port = random.randrange(*span) if span else 0
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-        _HANDED_OUT.add(port)
-        return port
-    raise ClusterError(f"no free port between {low} and {high}")
+            port = int(sock.getsockname()[1])
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
+    raise ClusterError(f"no free port to listen on ({span or 'ephemeral'})")
 
 
-def listening_range() -> tuple[int, int]:
-    """The 10,000 ports just below the ephemeral range (32768-60999 unless configured)."""
+def listening_range() -> tuple[int, int] | None:
+    """Up to 10,000 ports below the ephemeral range (32768-60999 unless configured), or
+    above it; None when it leaves fewer than 1,000 either side (then: port 0)."""
     try:
-        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        first = 32768
-    return max(1024, first - 10_000), max(1025, first)
+        first, last = (
+            int(n) for n in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        )
+    except (OSError, ValueError):
+        first, last = 32768, 60999
+    if first - 1024 >= 1000:
+        return max(1024, first - 10_000), first
+    if 65535 - last >= 1000:
+        return last + 1, min(65536, last + 10_001)
+    return None
 
 
 def build_binaries() -> Path:

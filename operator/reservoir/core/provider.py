@@ -37,6 +37,10 @@ from reservoir.core.model import (
 )
 
 FIRST_LOOKUP_WAIT_SECONDS = 2
+# An object named by `upstream.ref` (a Job, a Pod) is read on each pass that needs it,
+# whatever the provider backoff says (one GET): at least this often, so that a pod that
+# ended is seen within this, though nothing watches it.
+OBJECT_LOOKUP_SECONDS = 30
 
 
 class Adapter(StrEnum):

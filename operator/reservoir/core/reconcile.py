@@ -142,6 +142,9 @@ from reservoir.core.policy import (
 )
 from reservoir.core.provider import (
     FIRST_LOOKUP_WAIT_SECONDS,
+    OBJECT_LOOKUP_SECONDS,
+    Adapter,
+    adapter_for,
     cancel_to_forward,
     late_answer_wanted,
     needs_lookup,
@@ -938,6 +941,8 @@ def _next_lookups(
         due = record.next_lookup_at if record is not None else None
         first = result.now + timedelta(seconds=FIRST_LOOKUP_WAIT_SECONDS)
         moments.append(due if due is not None else first)
+        if adapter_for(facts.spec, policy) is Adapter.OBJECT:
+            moments.append(result.now + timedelta(seconds=OBJECT_LOOKUP_SECONDS))
     return min(moments, default=None)
 
 
@@ -1086,8 +1091,17 @@ def next_deadline(
     for uid, entry in result.status.entries.items():
         if uid.startswith(LOST_PREFIX):
             continue  # only a person settles it: no moment of its own
-        if entry.phase.holds_capacity and entry.phase is not ClaimPhase.DETACHED:
-            moments += [entry.expires_at] if entry.expires_at else []
+        # A lease end already past that left the claim as it was (a Tentative claim whose
+        # workload pod may still start waits for the pod's news) is no moment: every pass
+        # would ask for the next at once (found by review).
+        lease_end = entry.expires_at
+        if (
+            entry.phase.holds_capacity
+            and entry.phase is not ClaimPhase.DETACHED
+            and lease_end is not None
+            and lease_end > result.now
+        ):
+            moments.append(lease_end)
         deadline = ambiguity_deadline(entry, policy)
         if entry.phase is ClaimPhase.DETACHED and deadline and entry.deadline_action is None:
             moments.append(deadline)

@@ -265,6 +265,8 @@ class DeviceHolder:
         # claim uid -> why its ResourceClaim or placeholder could not be created: shown as
         # the claim's queue reason, since no scheduler condition will ever explain it
         self.problems: dict[str, str] = {}
+        # Deletes the API server refused or failed, so far: tried again by a later pass.
+        self.failed_deletes = 0
 
     def facts(
         self,
@@ -434,3 +436,4 @@ class DeviceHolder:
         except ApiError as error:
             if error.status.code != 404:
                 log.warning("deleting %s failed: %s", meta["name"], error)
+                self.failed_deletes += 1

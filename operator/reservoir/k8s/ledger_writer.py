@@ -114,6 +114,10 @@ MIRROR_USAGE_WITHIN = timedelta(seconds=2)
 RETIRE_WITHIN = timedelta(seconds=1)
 # How soon a pass comes back to lift a recorded hand-off's gate whose lift failed.
 GATE_RETRY = timedelta(seconds=5)
+# How soon a pass comes back to what the API server refused without saying the copy was
+# stale (a claim status write refused, a device hold refused or not deleted): no news may
+# come to bring it sooner (found by review once passes without news came every 5 minutes).
+RETRY_REFUSED_SECONDS = 30
 RELEASED_KEEP_SECONDS = 600.0
 # A lease that ends moves the claim here: the renewal the index may lack is read first.
 LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
@@ -782,6 +786,7 @@ class LedgerWriter:
             return
         by_uid = fetched.by_uid
         known = dict(self.devices.problems)
+        failed_deletes = self.devices.failed_deletes
         lifted = await self.devices.sync(
             by_uid,
             result.device_holds,
@@ -806,6 +811,11 @@ class LedgerWriter:
             # A hold refused (placement not allowed, a create refused) is the claim's
             # queue reason: the next pass writes it (nothing else may wake one).
             result.wake_at = fetched.now
+        elif self.devices.problems or self.devices.failed_deletes != failed_deletes:
+            # Refused holds and failed deletes are tried again by a later pass: a quota
+            # freed elsewhere or an API server back is no news to this envelope.
+            retry = fetched.now + timedelta(seconds=RETRY_REFUSED_SECONDS)
+            result.wake_at = min(result.wake_at or retry, retry)
 
     async def _decide(self, fetched: PassRead) -> Reconciliation:
         """The core's next ledger; a ledger it cannot compute is reported, never guessed."""
@@ -1233,10 +1243,15 @@ class LedgerWriter:
                 elif 400 <= code < 500:
                     metrics.ledger_errors.labels(namespace, "MirrorRefused").inc()
                     self.record(claim, "Warning", "MirrorRefused", str(error.status.message))
+                    refused.append(meta["uid"])
                 else:
                     raise
 
+        refused: list[str] = []
         await asyncio.gather(*(write(claim, wanted) for claim, wanted in writes))
+        if refused:  # tried again by a later pass: no news may come to bring it sooner
+            retry = now + timedelta(seconds=RETRY_REFUSED_SECONDS)
+            result.wake_at = min(result.wake_at or retry, retry)
         return mirrored, rewritten
 
 
