@@ -43,6 +43,21 @@ class Stopped:
         return self.stop
 
 
+def run_daemon(writer: Any, stopped: Stopped) -> None:
+    """The envelope's daemon for ns/wf with this writer, until `stopped`."""
+    health = SimpleNamespace(succeeded=lambda: None, failed=lambda message: None)
+    services: Any = SimpleNamespace(writer=writer, health=health)
+    asyncio.run(
+        keep_the_ledger(
+            namespace="ns",
+            name="wf",
+            stopped=stopped,  # type: ignore[arg-type]
+            memo=SimpleNamespace(services=services),  # type: ignore[arg-type]
+            logger=logging.getLogger("test"),
+        )
+    )
+
+
 def test_the_daemon_keeps_no_pass_while_it_waits() -> None:
     stopped = Stopped()
     made: list[weakref.ref[Pass]] = []
@@ -65,17 +80,7 @@ def test_the_daemon_keeps_no_pass_while_it_waits() -> None:
         def keeping(self, namespace: str, name: str) -> Iterator[Trigger]:
             yield Trigger()
 
-    health = SimpleNamespace(succeeded=lambda: None, failed=lambda message: None)
-    services: Any = SimpleNamespace(writer=Writer(), health=health)
-    asyncio.run(
-        keep_the_ledger(
-            namespace="ns",
-            name="wf",
-            stopped=stopped,  # type: ignore[arg-type]
-            memo=SimpleNamespace(services=services),  # type: ignore[arg-type]
-            logger=logging.getLogger("test"),
-        )
-    )
+    run_daemon(Writer(), stopped)
     assert len(waited) == 2 and all(6.0 < seconds <= 7.1 for seconds in waited)
 
 
@@ -124,19 +129,9 @@ def test_between_passes_the_daemon_keeps_its_metrics_current_without_a_pass() ->
         def keeping(self, namespace: str, name: str) -> Iterator[Trigger]:
             yield Trigger()
 
-    health = SimpleNamespace(succeeded=lambda: None, failed=lambda message: None)
-    services: Any = SimpleNamespace(writer=Writer(), health=health)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(metrics.envelopes, "still_current", lambda *key: current.append(key))
-        asyncio.run(
-            keep_the_ledger(
-                namespace="ns",
-                name="wf",
-                stopped=stopped,  # type: ignore[arg-type]
-                memo=SimpleNamespace(services=services),  # type: ignore[arg-type]
-                logger=logging.getLogger("test"),
-            )
-        )
+        run_daemon(Writer(), stopped)
     # The first pass, two quiet wake-ups (no pass, metrics kept), a poke (a pass), then
     # stopped.
     assert len(passes) == 2

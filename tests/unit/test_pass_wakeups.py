@@ -62,6 +62,17 @@ def test_a_lease_that_has_not_ended_is_still_a_moment() -> None:
     assert sim.last.wake_at == sim.entry("a").expires_at
 
 
+def gaps_between_lookups(sim: Sim, lookups: int = 12) -> list[timedelta]:
+    """The provider says Running each time; the next pass comes at the moment asked."""
+    gaps = []
+    for _ in range(lookups):
+        sim.provider("a", ProviderAnswer(ProviderState.RUNNING)).reconcile()
+        assert sim.last.wake_at is not None
+        gaps.append(sim.last.wake_at - sim.now)
+        sim.now = sim.last.wake_at
+    return gaps
+
+
 def test_an_object_named_by_upstream_ref_is_looked_at_again_within_half_a_minute() -> None:
     """Nothing watches a Pod or Job named by `upstream.ref`: the backoff for HTTP providers
     (up to providerLookupMaxSeconds) must not make its end wait minutes."""
@@ -69,13 +80,7 @@ def test_an_object_named_by_upstream_ref_is_looked_at_again_within_half_a_minute
     sim.create("a", upstream={"ref": {"kind": "Pod", "name": "train-7"}}, dispatch=True)
     sim.reconcile().tick(31).reconcile()
     assert sim.phase("a") is ClaimPhase.DETACHED
-    gaps = []
-    for _ in range(12):
-        sim.provider("a", ProviderAnswer(ProviderState.RUNNING)).reconcile()
-        assert sim.last.wake_at is not None
-        gaps.append(sim.last.wake_at - sim.now)
-        sim.now = sim.last.wake_at
-    assert max(gaps) <= timedelta(seconds=OBJECT_LOOKUP_SECONDS)
+    assert max(gaps_between_lookups(sim)) <= timedelta(seconds=OBJECT_LOOKUP_SECONDS)
     done = ProviderAnswer(ProviderState.SUCCEEDED, usage={"tokens": Decimal(7)})
     sim.provider("a", done).tick(1).reconcile()
     assert sim.phase("a") is ClaimPhase.CONSUMED
@@ -90,13 +95,7 @@ def test_an_http_provider_keeps_its_own_backoff() -> None:
     sim.create("a", upstream={"operationId": "op-1", "supportsStatus": True}, dispatch=True)
     sim.reconcile().tick(31).reconcile()
     assert sim.phase("a") is ClaimPhase.DETACHED
-    gaps = []
-    for _ in range(12):
-        sim.provider("a", ProviderAnswer(ProviderState.RUNNING)).reconcile()
-        assert sim.last.wake_at is not None
-        gaps.append(sim.last.wake_at - sim.now)
-        sim.now = sim.last.wake_at
-    assert max(gaps) > timedelta(seconds=OBJECT_LOOKUP_SECONDS)
+    assert max(gaps_between_lookups(sim)) > timedelta(seconds=OBJECT_LOOKUP_SECONDS)
 
 
 def test_a_claim_status_write_the_api_server_refuses_is_tried_again_within_half_a_minute(
