@@ -50,7 +50,6 @@ import random
 import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -75,7 +74,13 @@ import load  # noqa: E402
 import plots  # noqa: E402
 import request_costs  # noqa: E402
 from identities import user_kubeconfig  # noqa: E402
-from localcluster import ClusterState, LocalCluster, NodeShape, build_binaries  # noqa: E402
+from localcluster import (  # noqa: E402
+    ClusterState,
+    LocalCluster,
+    NodeShape,
+    build_binaries,
+    free_port,
+)
 from reservoir import __version__ as reservoir_version  # noqa: E402
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope  # noqa: E402
 from reservoir.sdk import AsyncReservoir  # noqa: E402
@@ -183,12 +188,6 @@ def say(message: str) -> None:
 
 def now_iso() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def proc_cpu_seconds(pid: int) -> float:

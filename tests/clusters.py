@@ -14,7 +14,7 @@ from typing import Protocol
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "hack"))
 
-from localcluster import LocalCluster, NodeShape  # noqa: E402
+from localcluster import LocalCluster, NodeShape, free_port  # noqa: E402, F401 (free_port: for the tests)
 
 
 def schemaless_crd(group: str, kind: str, plural: str) -> dict[str, object]:

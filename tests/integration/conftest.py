@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from reservoir.sdk import Reservoir
-from tests.clusters import ClusterHandle
+from tests.clusters import ClusterHandle, free_port
 
 REPO = Path(__file__).resolve().parents[2]
 OPERATOR = REPO / ".venv" / "bin" / "reservoir-operator"
@@ -118,11 +118,9 @@ class OperatorProcess:
 
 
 def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A port to listen on, outside the ephemeral range (an operator's liveness port once
+    came from it and an outgoing connection took it first: "Address already in use")."""
+    return free_port()
 
 
 StartOperator = Callable[..., OperatorProcess]
