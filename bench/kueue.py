@@ -52,7 +52,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,9 +77,11 @@ from lightkube.types import PatchType, on_error_retry
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "hack"))
 
 from identities import user_kubeconfig  # noqa: E402
 from load import client_for  # noqa: E402
+from localcluster import free_port  # noqa: E402  (outside the ephemeral range)
 
 TOOLS = REPO / "hack" / "tools"
 BUILD_SCRIPT = TOOLS / "build.sh"
@@ -195,12 +196,6 @@ def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None, check: bool 
     if check and result.returncode != 0:
         raise RuntimeError(f"kubectl {' '.join(args)}: {result.stderr.strip()}")
     return result.stdout
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def utc_iso(epoch: float) -> str:

@@ -191,9 +191,15 @@ def test_device_holds_refused_and_deletes_failed_are_tried_again_within_half_a_m
         assert result.wake_at is not None
         assert result.wake_at <= now + timedelta(seconds=RETRY_REFUSED_SECONDS)
         now += timedelta(seconds=1)
-    # A settled claim's ResourceClaim that could not be deleted.
+    # A settled claim's ResourceClaim that could not be deleted, by a writer that knows of
+    # no refused hold (so only the failed delete can bring the next pass).
+    writer = ledger_writer.LedgerWriter(
+        api,  # type: ignore[arg-type]
+        lambda *_: None,
+        devices=devices.DeviceHolder(api, None),  # type: ignore[arg-type]
+    )
     held = {"metadata": {"name": "reservoir-u-g1", "namespace": "ns", "labels": {}}, "status": {}}
-    gone = SimpleNamespace(device_holds={}, handed_off={}, wake_at=None)
+    gone = Reconciliation(status=ReservationEnvelopeStatus(), now=now)
     fetched = SimpleNamespace(
         resource_claims={"u-g1": held}, placeholders={}, pods={}, now=now, by_uid={}
     )

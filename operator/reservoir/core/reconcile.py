@@ -282,6 +282,10 @@ class Reconciliation:
     def entry(self, uid: str) -> LedgerEntry | None:
         return self.lines.get(uid) or self.off_ledger.get(uid)
 
+    def look_again_by(self, moment: datetime) -> None:
+        """The next pass comes at `moment` at the latest, even without new facts."""
+        self.wake_at = min(self.wake_at or moment, moment)
+
 
 def reconcile(
     envelope: EnvelopeFacts,

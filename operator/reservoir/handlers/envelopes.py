@@ -70,7 +70,7 @@ async def keep_the_ledger(
     services: Services = memo.services
     schedule = PassSchedule()
     with services.writer.keeping(namespace, name) as trigger:
-        poked = True
+        poked = False  # the first pass is due at once all the same (PassSchedule)
         while not stopped:
             if schedule.due(time.monotonic(), poked):
                 wake_in = await one_pass(services, namespace, name, logger)

@@ -767,7 +767,7 @@ class LedgerWriter:
         in_flight = set(result.status.entries)
         if rewritten & in_flight:
             retire = fetched.now + RETIRE_WITHIN  # one pass retires many at once
-            result.wake_at = min(result.wake_at or retire, retire)
+            result.look_again_by(retire)
         self._observe(fetched, result, rewritten - in_flight)  # claim-only moves, now durable
         durable = held_back & mirrored
         self._announce(
@@ -806,7 +806,7 @@ class LedgerWriter:
             # A recorded hand-off's gate is still there: try again soon, not only on the
             # next claim event (issue 21 §3.5: the next pass was often the lease lapse).
             retry = fetched.now + GATE_RETRY
-            result.wake_at = min(result.wake_at or retry, retry)
+            result.look_again_by(retry)
         if self.devices.problems != known:
             # A hold refused (placement not allowed, a create refused) is the claim's
             # queue reason: the next pass writes it (nothing else may wake one).
@@ -815,7 +815,7 @@ class LedgerWriter:
             # Refused holds and failed deletes are tried again by a later pass: a quota
             # freed elsewhere or an API server back is no news to this envelope.
             retry = fetched.now + timedelta(seconds=RETRY_REFUSED_SECONDS)
-            result.wake_at = min(result.wake_at or retry, retry)
+            result.look_again_by(retry)
 
     async def _decide(self, fetched: PassRead) -> Reconciliation:
         """The core's next ledger; a ledger it cannot compute is reported, never guessed."""
@@ -1216,7 +1216,7 @@ class LedgerWriter:
             deferred.pop(uid, None)
             writes.append((claim, wanted))
         if wake is not None:
-            result.wake_at = min(result.wake_at or wake, wake)
+            result.look_again_by(wake)
         self._told[(namespace, envelope)] = told_now
         here = {c["metadata"]["uid"] for c in claims}
         self._deferred[(namespace, envelope)] = {u: d for u, d in deferred.items() if u in here}
@@ -1251,7 +1251,7 @@ class LedgerWriter:
         await asyncio.gather(*(write(claim, wanted) for claim, wanted in writes))
         if refused:  # tried again by a later pass: no news may come to bring it sooner
             retry = now + timedelta(seconds=RETRY_REFUSED_SECONDS)
-            result.wake_at = min(result.wake_at or retry, retry)
+            result.look_again_by(retry)
         return mirrored, rewritten
 
 
