@@ -477,10 +477,17 @@ def http_ok(url: str) -> bool:
 
 class LocalCluster:
     def __init__(
-        self, directory: Path, nodes: NodeShape | None = None, audit: bool | str | None = None
+        self,
+        directory: Path,
+        nodes: NodeShape | None = None,
+        audit: bool | str | None = None,
+        feature_gates: str = "",
     ) -> None:
         """audit: True (or "writes") for the default audit policy, "all" for every request
-        at Metadata level; None: from RESERVOIR_AUDIT (off unless 1/true/yes, or all)."""
+        at Metadata level; None: from RESERVOIR_AUDIT (off unless 1/true/yes, or all).
+        feature_gates: the API server's `--feature-gates` (a test of an older server's
+        behaviour: "WatchList=false")."""
+        self.feature_gates = feature_gates
         self.dir = directory.resolve()
         self.pki = self.dir / "pki"
         self.logs = self.dir / "logs"
@@ -618,6 +625,7 @@ class LocalCluster:
                 "--allow-privileged=true",
                 "--endpoint-reconciler-type=none",
                 *self.audit_arguments(),
+                *([f"--feature-gates={self.feature_gates}"] * bool(self.feature_gates)),
                 "--v=1",
             ]
         if component == "kube-controller-manager":

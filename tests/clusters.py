@@ -60,7 +60,7 @@ class LocalTestCluster:
     second test session running at the same time (another terminal, a helper) gets a
     directory of its own instead of sharing, and tearing down, the first one's."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, feature_gates: str = "") -> None:
         directory.parent.mkdir(parents=True, exist_ok=True)
         self._lock = (directory.parent / f"{directory.name}.lock").open("w")
         self._private = False
@@ -70,7 +70,7 @@ class LocalTestCluster:
             directory = directory.parent / f"{directory.name}-{os.getpid()}"
             self._private = True
         self._directory = directory
-        self._cluster = LocalCluster(directory, NodeShape())
+        self._cluster = LocalCluster(directory, NodeShape(), feature_gates=feature_gates)
         self._cluster.up()
         self.kubeconfig_path = self._cluster.kubeconfig
 

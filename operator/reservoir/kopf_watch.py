@@ -20,6 +20,9 @@ The kinds the operator keeps many of (claims and their Leases) are served by inf
 of its own (reservoir.k8s.informer): `serve_informer` takes kopf's watcher's place for
 them, with the same watch stream, restarts and readiness, and no per-object worker.
 
+Each watch begins with the API server streaming every object where it can
+(`reservoir.watch_list`), and with kopf's list in pages where it cannot.
+
 These are kopf internals (1.45: `_cogs.clients.api`, `fetching`, `watching`,
 `_core.reactor.queueing`); `tests/unit/test_kopf_watch.py` fails if they move.
 """
@@ -39,7 +42,7 @@ from kopf._cogs.clients import api, fetching, watching
 from kopf._cogs.configs.configuration import OperatorSettings
 from kopf._core.reactor import queueing
 
-from reservoir import metrics
+from reservoir import metrics, watch_list
 from reservoir.core.model import API_GROUP
 from reservoir.endpoints import Health
 from reservoir.k8s.informer import Informer
@@ -234,6 +237,7 @@ def apply(
     `indexed` is set once every kind kopf holds its handlers for has listed (the moment
     kopf's own handlers and daemons start)."""
     served = dict(informers or {})
+    lists = watch_list.WatchLists()
     waiting: set[asyncio.Task[None]] = set()
     report = SetAsideReporter(settings)
 
@@ -288,9 +292,10 @@ def apply(
             backoff = min(backoff * 2, MAX_BACKOFF_SECONDS)
 
     async def continuous_watch(**kwargs: Any) -> AsyncIterator[Any]:
-        """kopf's list-then-watch, told apart from the list before it (see LIST_BEGINS)."""
+        """kopf's list-then-watch, its list streamed where the API server can (see
+        reservoir.watch_list), told apart from the list before it (see LIST_BEGINS)."""
         yield {"type": "BOOKMARK", "object": {"metadata": {}}, LIST_BEGINS: True}
-        async for event in _ORIGINAL_CONTINUOUS_WATCH(**kwargs):
+        async for event in watch_list.continuous_watch(lists, _ORIGINAL_CONTINUOUS_WATCH, **kwargs):
             yield event
 
     watching.continuous_watch = continuous_watch

@@ -223,6 +223,14 @@ watch_events = BoundedCounter(
     "other tenants' objects are not sent at all.",
     ["resource"],
 )
+initial_states = BoundedCounter(
+    "reservoir_watch_initial_states_total",
+    "Initial states the operator's watches began with (at start, and again after a watch "
+    "expired or failed), by resource (plural.group) and how they came: streamed (the API "
+    "server sent every object on the watch itself) or listed (in pages, where the API "
+    "server cannot stream them).",
+    ["resource", "how"],
+)
 objects_set_aside = BoundedCounter(
     "reservoir_watch_objects_set_aside_total",
     "Objects the operator could not decode and set aside (each with an Undecodable Event), "

@@ -22,6 +22,11 @@ OPERATOR = REPO / ".venv" / "bin" / "reservoir-operator"
 
 @pytest.fixture(scope="session")
 def crds(cluster: ClusterHandle) -> None:
+    install_crds(cluster)
+
+
+def install_crds(cluster: ClusterHandle) -> None:
+    """Reservoir's CRDs, applied and served."""
     cluster.kubectl("apply", "-f", str(REPO / "crds"))
     for name in ("reservationenvelopes", "branchclaims", "reservationpools"):
         # `kubectl wait` fails outright on a CRD whose status has no conditions yet, and

@@ -156,6 +156,13 @@ def test_a_claim_nested_2000_deep_is_set_aside_and_other_tenants_settle(
             settle_one(sdk, "b2", committed="10")
             assert readyz(port)[0] == 200
             assert f"set aside BranchClaim {hostile}/deep" in operator.log.read_text()
+            # The claims' initial state was streamed (reservoir.watch_list), the set-aside
+            # claim's stand-in bookmark did not end it early, and nothing was listed.
+            # (The exposition sorts labels by name.)
+            claims = 'resource="branchclaims.reservoir.dev"'
+            streamed = f'reservoir_watch_initial_states_total{{how="streamed",{claims}}}'
+            listed = f'reservoir_watch_initial_states_total{{how="listed",{claims}}}'
+            assert (sample(port, streamed), sample(port, listed)) == (1, 0)
     finally:
         operator.stop()
     # The deep claim was never admitted: its envelope holds nothing.
@@ -231,12 +238,17 @@ def test_a_watch_that_dies_is_restarted_and_readyz_says_so_meanwhile(
             cluster.kubectl("delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found")
 
 
-def pods_received(port: int) -> float:
+def sample(port: int, series: str) -> float:
+    """One series' value on the operator's /metrics (0 if it is not there)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
         for line in response.read().decode().splitlines():
-            if line.startswith('reservoir_watch_events_total{resource="pods.core"}'):
+            if line.startswith(series + " "):
                 return float(line.split()[-1])
     return 0.0
+
+
+def pods_received(port: int) -> float:
+    return sample(port, 'reservoir_watch_events_total{resource="pods.core"}')
 
 
 def test_unlabelled_pods_of_other_tenants_never_reach_the_operator(
