@@ -250,14 +250,15 @@ def test_the_watch_feeds_the_informer_and_its_list_releases_the_daemons(
 
 
 def test_each_list_kopf_makes_begins_with_the_marker(monkeypatch: Any) -> None:
-    """`apply` puts the marker before every list (each call of kopf's continuous watch);
-    kopf's own watchers pass over it as a BOOKMARK."""
+    """`apply` puts the marker before every list (each call of kopf's continuous watch,
+    streamed or listed in pages: reservoir.watch_list); kopf's own watchers pass over it
+    as a BOOKMARK."""
 
-    async def original(**kwargs: Any) -> Any:
+    async def begins(*_: Any, **kwargs: Any) -> Any:
         yield {"type": None, "object": claim("a")}
 
-    monkeypatch.setattr(kopf_watch, "_ORIGINAL_CONTINUOUS_WATCH", original)
-    monkeypatch.setattr(kopf_watch.watching, "continuous_watch", original)
+    monkeypatch.setattr(kopf_watch.watch_list, "continuous_watch", begins)
+    monkeypatch.setattr(kopf_watch.watching, "continuous_watch", begins)
     monkeypatch.setattr(kopf_watch.watching, "infinite_watch", kopf_watch.watching.infinite_watch)
     monkeypatch.setattr(kopf_watch.queueing, "watcher", kopf_watch.queueing.watcher)
     monkeypatch.setattr(kopf_watch.api, "json", kopf_watch.api.json)

@@ -86,6 +86,7 @@ from reservoir.k8s.claim_source import (
 )
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.devices import PLACEHOLDER_LABEL, DeviceHolder
+from reservoir.k8s.passes_in_flight import PassesInFlight
 from reservoir.k8s.providers import ProviderClient
 from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.request_slots import RequestSlots
@@ -106,6 +107,9 @@ LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 # pool of kept-alive connections (20), so that none is opened per request under load.
 REQUESTS_IN_FLIGHT = 16
 PASS_REQUESTS = 8  # of which one pass queues at most this many at a time (request_slots.py)
+# Envelope passes running at once, and of one namespace's envelopes (passes_in_flight.py).
+PASSES_IN_FLIGHT = 16
+PASSES_PER_NAMESPACE = 8
 # A claim's status shows usage reported on the way at most this late: a report followed by
 # the final report (or any other move) within it costs one status write, not two.
 MIRROR_USAGE_WITHIN = timedelta(seconds=2)
@@ -341,6 +345,7 @@ class LedgerWriter:
         self._last_pass: dict[tuple[str, str], tuple[int, Reconciliation | Exception | None]] = {}
         self._waiting: dict[tuple[str, str], int] = {}  # callers of reconcile_once
         self._fan_out = RequestSlots(REQUESTS_IN_FLIGHT, PASS_REQUESTS)
+        self._passes = PassesInFlight(PASSES_IN_FLIGHT, PASSES_PER_NAMESPACE)
         # Where claims and Leases are read from: the API server on every pass, unless the
         # operator hands over its watch-fed indexes at start-up (handlers/startup.py).
         self.source: ClaimSource = ListedClaims(client)
@@ -460,12 +465,14 @@ class LedgerWriter:
                     if isinstance(shared[1], Exception):
                         raise shared[1]  # it failed for them as it would for this caller
                     return shared[1]
-                number = next(self._pass_numbers)
-                try:
-                    outcome = await self._converge(namespace, envelope)
-                except Exception as error:
-                    self._last_pass[key] = (number, error)
-                    raise
+                # Numbered once it may run: whoever asks while it waits for a slot shares it.
+                async with self._passes.slot(namespace):
+                    number = next(self._pass_numbers)
+                    try:
+                        outcome = await self._converge(namespace, envelope)
+                    except Exception as error:
+                        self._last_pass[key] = (number, error)
+                        raise
                 self._last_pass[key] = (number, outcome)
                 return outcome
         finally:
