@@ -74,3 +74,69 @@ def test_a_pass_cancelled_while_it_waits_gives_up_its_place() -> None:
         return passes.namespaces()
 
     assert asyncio.run(scenario()) == 0
+
+
+def test_passes_waiting_on_providers_give_their_slots_back_meanwhile() -> None:
+    """Two tenants whose providers are slow held every slot, and a third tenant's one pass
+    waited behind them (found by review); now their passes step aside while they wait."""
+
+    async def scenario() -> tuple[float, int]:
+        passes = PassesInFlight(total=4, per_namespace=2)
+        provider = asyncio.Event()
+        slow_started = 0
+
+        async def slow_pass(namespace: str) -> None:
+            nonlocal slow_started
+            async with passes.slot(namespace):
+                slow_started += 1
+
+                async def one_lookup() -> None:
+                    async with PassesInFlight.aside():
+                        await provider.wait()
+
+                await asyncio.gather(one_lookup(), one_lookup())  # concurrent, one pass
+
+        slow = [asyncio.create_task(slow_pass(n)) for n in ("a", "a", "b", "b", "a", "b")]
+        await asyncio.sleep(0.05)
+        started = asyncio.get_running_loop().time()
+        async with passes.slot("quiet"):
+            waited = asyncio.get_running_loop().time() - started
+        provider.set()
+        await asyncio.gather(*slow)
+        return waited, slow_started
+
+    waited, slow_started = asyncio.run(asyncio.wait_for(scenario(), timeout=5))
+    assert waited < 0.5  # at once: no slow pass holds a slot while its provider is asked
+    assert slow_started == 6
+
+
+def test_a_pass_takes_its_slot_again_before_it_goes_on() -> None:
+    async def scenario() -> list[str]:
+        passes = PassesInFlight(total=1, per_namespace=1)
+        order: list[str] = []
+        answered = asyncio.Event()
+
+        async def first() -> None:
+            async with passes.slot("t"):
+                async with PassesInFlight.aside():
+                    order.append("first asks its provider")
+                    await answered.wait()
+                order.append("first goes on")  # only once the second gave its slot back
+
+        async def second() -> None:
+            await asyncio.sleep(0.01)
+            async with passes.slot("t"):
+                order.append("second runs")
+                answered.set()
+                await asyncio.sleep(0.05)
+                order.append("second ends")
+
+        await asyncio.gather(first(), second())
+        return order
+
+    assert asyncio.run(scenario()) == [
+        "first asks its provider",
+        "second runs",
+        "second ends",
+        "first goes on",
+    ]

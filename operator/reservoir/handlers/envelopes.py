@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 import time
@@ -25,7 +26,10 @@ ENVELOPES = (API_GROUP, API_VERSION, "reservationenvelopes")
 # QUIET_PASS_SECONDS (see PassSchedule).
 IDLE_WAKEUP_SECONDS = 30.0
 QUIET_PASS_SECONDS = 300.0
-REMIND_EVERY_RETRIES = 30  # retries come every 2 s: about once a minute
+# A deletion waiting for its settlement hands back to kopf (a retry, an Event) this often,
+# and makes one pass of news that come within DELETE_NEWS_BATCH_SECONDS of each other.
+DELETE_HOLD_SECONDS = 60.0
+DELETE_NEWS_BATCH_SECONDS = 0.5
 
 
 def has_news(body: kopf.Body, **_: Any) -> bool:
@@ -138,18 +142,57 @@ class PassSchedule:
 
 @kopf.on.delete(*ENVELOPES, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)
 async def settle_children_before_removal(
-    namespace: str | None, name: str, body: kopf.Body, retry: int, memo: kopf.Memo, **_: Any
+    namespace: str | None,
+    name: str,
+    body: kopf.Body,
+    retry: int,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
     """Deleting an envelope cancels its children first; it goes only once all settled, and
-    each of its claims is its own (the garbage collector takes them with it)."""
+    each of its claims is its own (the garbage collector takes them with it).
+
+    kopf stops the envelope's daemon once it is being deleted: while its settlement is
+    not recorded, this handler makes the passes instead, on news (a poke: a claim, a
+    child or its parent moved) and at the moment its last pass named, as the daemon did,
+    and hands back to kopf (a retry, an Event) every DELETE_HOLD_SECONDS. It made a pass
+    every 2 s before: 3,000 envelopes deleted at once were 1,500 passes and as many kopf
+    progress patches a second, and the pool that settles them crawled (about 2 envelopes
+    a second, where 300 took 21 s)."""
     assert namespace is not None
     services: Services = memo.services
-    try:
-        result = await services.writer.reconcile_once(namespace, name)
-    except LedgerStuckError as error:
-        raise kopf.TemporaryError(f"the ledger cannot move: {error}", delay=30) from None
-    if result is None:
-        return
+    held_until = time.monotonic() + DELETE_HOLD_SECONDS
+    with services.writer.keeping(namespace, name) as trigger:
+        while True:
+            try:
+                result = await services.writer.reconcile_once(namespace, name)
+            except LedgerStuckError as error:
+                raise kopf.TemporaryError(f"the ledger cannot move: {error}", delay=30) from None
+            if result is None:
+                return
+            waiting = still_waiting(services, namespace, result)
+            if waiting is None:
+                await own_claims(services, namespace, body)
+                metrics.envelopes.forget(namespace, name)  # its series go with it
+                services.writer.forget(namespace, name)
+                return
+            left = held_until - time.monotonic()
+            if left <= 0:
+                break
+            wake_in = seconds_to_wake(result)
+            poked = await trigger.wait(left if wake_in is None else max(min(left, wake_in), 0.0))
+            if not poked and time.monotonic() >= held_until:
+                break
+            await asyncio.sleep(DELETE_NEWS_BATCH_SECONDS)  # news come in bursts: one pass
+    if retry == 0:  # one deletion held back, however many times it is retried
+        metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
+    kopf.warn(body, reason="AwaitingSettlement", message=waiting)  # about once a minute
+    raise kopf.TemporaryError(waiting, delay=1)
+
+
+def still_waiting(services: Services, namespace: str, result: Reconciliation) -> str | None:
+    """What a deleted envelope still waits for (None: nothing, it may go). Waiting on its
+    parent to record its line, it pokes that parent's writer."""
     live = [f"claim {e.claim}" for e in result.lines.values() if not e.phase.terminal]
     live += [
         f"envelope {c.envelope}"
@@ -159,21 +202,13 @@ async def settle_children_before_removal(
     if not live and result.children_unsettled:
         # Every child closed, but not every one has recorded its fate yet.
         live = [f"{result.children_unsettled} child envelopes to record their settlement"]
-    message = f"waiting for {len(live)} to settle: {', '.join(live[:5])}"
-    if not live and not result.done_upward:
-        # Closed, but its parent has not yet recorded the balance it returns: the record
-        # of what this envelope used must outlive it there.
-        record = result.status.parent
-        parent = record.name if record is not None and record.name else "its parent"
-        message = f"waiting for {parent} to settle this envelope's line"
-        services.writer.poke_parent(namespace, record)
-    elif not live:
-        await own_claims(services, namespace, body)
-        metrics.envelopes.forget(namespace, name)  # its series go with it
-        services.writer.forget(namespace, name)
-        return
-    if retry == 0:  # one deletion held back, however many times it is retried
-        metrics.finalizer_waits.labels(namespace, "ReservationEnvelope").inc()
-    if retry % REMIND_EVERY_RETRIES == 0:  # an Event now and then, not on every retry
-        kopf.warn(body, reason="AwaitingSettlement", message=message)
-    raise kopf.TemporaryError(message, delay=2)
+    if live:
+        return f"waiting for {len(live)} to settle: {', '.join(live[:5])}"
+    if result.done_upward:
+        return None
+    # Closed, but its parent has not yet recorded the balance it returns: the record of
+    # what this envelope used must outlive it there.
+    record = result.status.parent
+    services.writer.poke_parent(namespace, record)
+    parent = record.name if record is not None and record.name else "its parent"
+    return f"waiting for {parent} to settle this envelope's line"

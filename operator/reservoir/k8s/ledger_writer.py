@@ -374,7 +374,8 @@ class LedgerWriter:
         self._released: dict[str, float] = {}
         self._triggers: dict[tuple[str, str], Trigger] = {}
         # Envelopes whose daemon (keep_the_ledger) runs: a poke reaches a pass.
-        self._kept: set[tuple[str, str]] = set()
+        # Envelopes whose daemon (or deletion handler) waits for pokes, and how many wait.
+        self._kept: dict[tuple[str, str], int] = {}
         self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
         # (envelope uid, generation, reason, message): reported once, so that the report's
         # own write (a new resourceVersion) never wakes a loop of reports.
@@ -432,16 +433,21 @@ class LedgerWriter:
 
     @contextlib.contextmanager
     def keeping(self, namespace: str, envelope: str) -> Iterator[Trigger]:
-        """While the envelope's daemon runs: `kept` says a poke will reach a pass."""
-        self._kept.add((namespace, envelope))
+        """While the envelope's daemon runs, or its deletion handler waits for news: `kept`
+        says a poke will reach a pass."""
+        key = (namespace, envelope)
+        self._kept[key] = self._kept.get(key, 0) + 1
         try:
             yield self.trigger(namespace, envelope)
         finally:
-            self._kept.discard((namespace, envelope))
+            self._kept[key] -= 1
+            if not self._kept[key]:
+                del self._kept[key]
 
     def kept(self, namespace: str, envelope: str) -> bool:
-        """Whether the envelope's daemon runs (kopf stops it once the envelope is being
-        deleted, and never starts it for an envelope that does not exist)."""
+        """Whether a poke reaches a pass of the envelope: its daemon runs, or its deletion
+        handler waits for news (kopf stops the daemon once the envelope is being deleted,
+        and never starts it for an envelope that does not exist)."""
         return (namespace, envelope) in self._kept
 
     def poke(self, namespace: str, envelope: str) -> None:
@@ -927,7 +933,9 @@ class LedgerWriter:
         )
         if how is None and not lookup:
             return fact
-        async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
+        lookups = self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE))
+        # Providers answer in their own time: the pass's slot is another's meanwhile.
+        async with PassesInFlight.aside(), lookups:
             if how is not None:
                 done, text = await self.providers.forward_cancel(
                     namespace, fact.spec, policy, how, fact.name

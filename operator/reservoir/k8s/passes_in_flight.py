@@ -1,20 +1,67 @@
 """Envelope passes running at once: a bound for the whole writer, and a share of it for
 each namespace.
 
-A pass reads its envelope, works out its claims' lines, writes, and may wait on a tenant's
-provider (each call bounded by its own deadline). Unbounded, the 1,000 envelopes of a
-restarted operator at 100,000 claims all began their first pass at once: their requests
-queued for the HTTP client's 20 connections, and 685 of the passes failed after waiting
-10 s for one (an ERROR with a traceback each, retried 2 s later). Bounded, the others
-wait their turn without failing. The share per namespace keeps one tenant's envelopes
-(many, or slow on their provider) from holding every slot while another tenant's one
-admission waits behind them."""
+A pass reads its envelope, works out its claims' lines and writes. Unbounded, the 1,000
+envelopes of a restarted operator at 100,000 claims all began their first pass at once:
+their requests queued for the HTTP client's 20 connections, and 685 of the passes failed
+after waiting 10 s for one (an ERROR with a traceback each, retried 2 s later). Bounded,
+the others wait their turn without failing. The share per namespace keeps one tenant's
+envelopes from holding every slot while another tenant's one admission waits behind them.
+
+A pass that waits on its tenants' providers (each call bounded by its own deadline, and
+a few at once per namespace) gives its slot back meanwhile (`aside`): holding it, two
+tenants with slow providers held every slot, and every other tenant's passes waited
+behind them (found by review)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 from collections.abc import AsyncIterator
+
+
+class Slot:
+    """One pass's place: its namespace's share and the writer's. The pass's concurrent
+    provider calls give it back while any of them waits (`aside`), and it is taken again
+    once none does."""
+
+    def __init__(self, own: asyncio.Semaphore, shared: asyncio.Semaphore) -> None:
+        self._own = own
+        self._shared = shared
+        self.held = False
+        self._aside = 0
+        self._turning = asyncio.Lock()  # one change of hands at a time
+
+    async def take(self) -> None:
+        await self._own.acquire()
+        try:
+            await self._shared.acquire()
+        except BaseException:
+            self._own.release()
+            raise
+        self.held = True
+
+    def give_back(self) -> None:
+        if self.held:
+            self.held = False
+            self._shared.release()
+            self._own.release()
+
+    async def step_aside(self) -> None:
+        async with self._turning:
+            self._aside += 1
+            if self._aside == 1:
+                self.give_back()
+
+    async def step_back(self) -> None:
+        async with self._turning:
+            self._aside -= 1
+            if self._aside == 0 and not self.held:
+                await self.take()
+
+
+_current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("pass_slot", default=None)
 
 
 class PassesInFlight:
@@ -29,15 +76,35 @@ class PassesInFlight:
         """Held for the length of one pass of an envelope of `namespace`."""
         own, users = self._namespaces.get(namespace) or (asyncio.Semaphore(self._per_namespace), 0)
         self._namespaces[namespace] = (own, users + 1)
+        place = Slot(own, self._shared)
+        token = _current.set(place)
         try:
-            async with own, self._shared:
-                yield
+            await place.take()
+            yield
         finally:
+            place.give_back()
+            _current.reset(token)
             own, users = self._namespaces[namespace]
             if users == 1:
                 del self._namespaces[namespace]
             else:
                 self._namespaces[namespace] = (own, users - 1)
+
+    @staticmethod
+    @contextlib.asynccontextmanager
+    async def aside() -> AsyncIterator[None]:
+        """The current pass's slot given back while it waits on something other than the
+        API server (its tenants' providers), and taken again after. Outside a pass,
+        nothing."""
+        place = _current.get()
+        if place is None:
+            yield
+            return
+        await place.step_aside()
+        try:
+            yield
+        finally:
+            await place.step_back()
 
     def namespaces(self) -> int:
         """Namespaces with a pass running or waiting (for the tests: none kept after)."""
