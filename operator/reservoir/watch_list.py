@@ -17,7 +17,8 @@ It lists in pages, as kopf does, instead:
 - for every kind, once the API server refuses the parameters (400 or 422: a server before
   Kubernetes 1.32, or 1.33, whose WatchList gate is off by default);
 - for one kind's watch, once its initial stream ended before its end bookmark (the
-  server's watch timeout cut it, the connection dropped): that watch lists from then on.
+  server's watch timeout cut it, the connection dropped);
+each for RETRY_STREAMING_SECONDS, after which the next initial state is streamed again.
 The initial events carry each object's own resourceVersion, in no order: the watch
 resumes only from the end bookmark's, and an initial stream cut short is never resumed
 (a resume from one object's version could skip objects not yet sent).
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from typing import Any
 
@@ -41,22 +43,30 @@ END_ANNOTATION = "k8s.io/initial-events-end"
 # What a server that cannot stream the initial state answers (the parameters are invalid).
 REFUSED = frozenset({400, 422})
 EVENT_TYPES = frozenset({"ADDED", "MODIFIED", "DELETED", "BOOKMARK"})
+RETRY_STREAMING_SECONDS = 600.0
 
 ListedWatch = Callable[..., AsyncIterator[Any]]  # kopf's continuous_watch
 
 
 @dataclasses.dataclass
 class WatchLists:
-    """Whether the API server streams initial states, and the watches that list instead."""
+    """Whether the API server streams initial states, and the watches that list instead.
+    Either lists for RETRY_STREAMING_SECONDS, then tries a stream again (a control plane
+    upgraded since, or an older replica that answered once during an upgrade)."""
 
-    supported: bool = True
-    listing: set[tuple[str, str | None]] = dataclasses.field(default_factory=set)
+    clock: Callable[[], float] = time.monotonic
+    refused_at: float | None = None
+    cut_at: dict[tuple[str, str | None], float] = dataclasses.field(default_factory=dict)
 
     def streams(self, resource: Any, namespace: str | None) -> bool:
-        return self.supported and (_kind(resource), namespace) not in self.listing
+        now = self.clock()
+        if self.refused_at is not None and now - self.refused_at < RETRY_STREAMING_SECONDS:
+            return False
+        cut = self.cut_at.get((_kind(resource), namespace))
+        return cut is None or now - cut >= RETRY_STREAMING_SECONDS
 
     def refused(self, error: errors.APIError) -> None:
-        self.supported = False
+        self.refused_at = self.clock()
         logger.info(
             "the API server does not stream initial states (%s %s): listing in pages",
             error.status,
@@ -64,10 +74,10 @@ class WatchLists:
         )
 
     def cut_short(self, resource: Any, namespace: str | None) -> None:
-        self.listing.add((_kind(resource), namespace))
+        self.cut_at[(_kind(resource), namespace)] = self.clock()
         logger.warning(
             "the initial stream of %s %s ended before its end: that watch lists in pages "
-            "from now on",
+            "for a while",
             _kind(resource),
             f"in {namespace}" if namespace else "cluster-wide",
         )
@@ -128,8 +138,13 @@ async def continuous_watch(
                 kind, body = event["type"], event["object"]
                 if kind == "ERROR":
                     if body.get("code") == 410:  # too old: kopf's infinite_watch starts again
+                        if since is None:  # (in the initial state: a stream cut short)
+                            state.cut_short(resource, namespace)
                         return
                     raise watching.WatchingError(f"Error in the watch-stream: {body}")
+                if kind not in EVENT_TYPES:
+                    logger.warning("ignoring an unsupported event type: %r", kind)
+                    continue
                 if since is None:
                     # The initial state: ended by its bookmark only (another bookmark, such
                     # as the decoder's stand-in for an object it set aside, does not end it).
@@ -140,9 +155,6 @@ async def continuous_watch(
                             yield watching.Bookmark.LISTED
                         continue
                     yield {"type": None, "object": body} if kind == "ADDED" else event
-                    continue
-                if kind not in EVENT_TYPES:
-                    logger.warning("ignoring an unsupported event type: %r", kind)
                     continue
                 since = (body.get("metadata") or {}).get("resourceVersion") or since
                 yield event

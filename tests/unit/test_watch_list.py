@@ -136,7 +136,7 @@ def test_a_server_that_refuses_to_stream_is_listed_in_pages_for_every_kind(
     )
     server = Server(refused)
     assert run(server, state, monkeypatch, take=10) == []
-    assert not state.supported
+    assert not state.streams(Resource(), "t")
     assert not state.streams(Resource(), "other")
     again = run(Server(), state, monkeypatch, take=2)
     assert again[-1] is watching.Bookmark.LISTED
@@ -148,7 +148,7 @@ def test_other_refusals_and_watch_errors_fail_the_watch(monkeypatch: pytest.Monk
     forbidden = errors.APIForbiddenError({"message": "forbidden"}, status=403, headers={})
     with pytest.raises(errors.APIForbiddenError):
         run(Server(forbidden), state, monkeypatch, take=10)
-    assert state.supported
+    assert state.streams(Resource(), "t")
     failing = Server([{"type": "ERROR", "object": {"code": 500, "message": "boom"}}])
     with pytest.raises(watching.WatchingError):
         run(failing, state, monkeypatch, take=10)
@@ -161,3 +161,26 @@ def test_gone_ends_the_watch_for_kopf_to_start_again(monkeypatch: pytest.MonkeyP
     )
     assert run(server, state, monkeypatch, take=10) == [watching.Bookmark.LISTED]
     assert state.streams(Resource(), "t")  # it had listed: the next attempt streams again
+    gone = Server([{"type": "ERROR", "object": {"code": 410, "message": "too old"}}])
+    assert run(gone, state, monkeypatch, take=10) == []
+    assert not state.streams(Resource(), "t")  # gone before its end: a stream cut short
+
+
+def test_a_refused_or_cut_stream_is_tried_again_after_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An upgraded control plane, or an older replica that answered once mid-upgrade, does
+    not leave the operator listing in pages until it restarts (found by review)."""
+    now = [1000.0]
+    state = watch_list.WatchLists(clock=lambda: now[0])
+    refused = errors.APIClientError({"message": "no"}, status=422, headers={})
+    run(Server(refused), state, monkeypatch, take=10)
+    assert not state.streams(Resource(), "t")
+    now[0] += watch_list.RETRY_STREAMING_SECONDS
+    assert state.streams(Resource(), "t")
+    run(Server([{"type": "ADDED", "object": claim("a", "7")}]), state, monkeypatch, take=10)
+    assert not state.streams(Resource(), "t") and state.streams(Resource(), "other")
+    now[0] += watch_list.RETRY_STREAMING_SECONDS
+    server = Server([bookmark("9", end=True)])
+    assert run(server, state, monkeypatch, take=1) == [watching.Bookmark.LISTED]
+    assert server.calls == [(None, True)]
