@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
@@ -29,6 +30,13 @@ def pass_result(*, live: bool = False, done_upward: bool = True) -> Any:
         status=SimpleNamespace(parent=SimpleNamespace(name="pool-a")),
         wake_at=None,
     )
+
+
+posted: list[str] = []
+
+
+def waits_counted() -> float:
+    return envelopes.metrics.finalizer_waits.labels("t", "ReservationEnvelope")._value.get()
 
 
 class Writer:
@@ -63,7 +71,9 @@ class Writer:
         self.forgotten = True
 
 
-def run(writer: Writer, news: list[float], monkeypatch: pytest.MonkeyPatch) -> str | None:
+def run(
+    writer: Writer, news: list[float], monkeypatch: pytest.MonkeyPatch, retry: int = 0
+) -> str | None:
     """The handler, with a poke `news[i]` seconds after it starts; what it raised, if any."""
     owned: list[str] = []
 
@@ -73,7 +83,7 @@ def run(writer: Writer, news: list[float], monkeypatch: pytest.MonkeyPatch) -> s
     monkeypatch.setattr(envelopes, "own_claims", own_claims)
     monkeypatch.setattr(envelopes, "DELETE_HOLD_SECONDS", 1.0)
     monkeypatch.setattr(envelopes, "DELETE_NEWS_BATCH_SECONDS", 0.01)
-    monkeypatch.setattr(envelopes.kopf, "warn", lambda *a, **k: None)
+    monkeypatch.setattr(envelopes.kopf, "warn", lambda *a, **k: posted.append(k["message"]))
     memo: Any = SimpleNamespace(services=SimpleNamespace(writer=writer))
 
     async def scenario() -> str | None:
@@ -85,7 +95,7 @@ def run(writer: Writer, news: list[float], monkeypatch: pytest.MonkeyPatch) -> s
         poker = asyncio.create_task(poke_later())
         try:
             await envelopes.settle_children_before_removal(
-                namespace="t", name="wf", body={}, retry=0, memo=memo
+                namespace="t", name="wf", body={}, retry=retry, memo=memo
             )
         except kopf.TemporaryError as error:
             return str(error)
@@ -123,3 +133,53 @@ def test_waiting_on_its_parent_it_pokes_the_parent_each_pass(
     assert run(writer, [0.1, 0.1], monkeypatch) is None
     assert writer.passes == 3
     assert writer.parent_pokes == 2
+
+
+def test_a_deletion_held_back_is_counted_and_announced_once_at_its_first_wait(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Even when it settles within the hold (found by review: counted only at hand-back)."""
+    posted.clear()
+    before = waits_counted()
+    assert run(Writer(pass_result(live=True), pass_result()), [0.1], monkeypatch) is None
+    assert waits_counted() == before + 1
+    assert posted == ["waiting for 1 to settle: claim c1"]
+    posted.clear()
+    raised = run(Writer(pass_result(live=True)), [], monkeypatch, retry=3)
+    assert raised is not None
+    assert waits_counted() == before + 1  # a retry of the same deletion: not again
+    assert posted == [raised]  # only at the hand-back, about once a minute
+
+
+def test_a_daemon_stopped_for_the_deletion_hands_its_last_news_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf stops the daemon while the deletion handler already waits on the same trigger:
+    news the daemon took and made no pass of was lost (found by review)."""
+
+    class Stopped:
+        flag = False
+
+        def __bool__(self) -> bool:
+            return self.flag
+
+    writer = Writer(pass_result())
+    stopped = Stopped()
+    monkeypatch.setattr(envelopes.metrics.envelopes, "still_current", lambda *a: None)
+    services = SimpleNamespace(writer=writer, health=SimpleNamespace(succeeded=lambda: None))
+    memo: Any = SimpleNamespace(services=services)
+
+    async def scenario() -> bool:
+        daemon = asyncio.create_task(
+            envelopes.keep_the_ledger(
+                namespace="t", name="wf", stopped=stopped, memo=memo, logger=logging.getLogger()
+            )
+        )
+        await asyncio.sleep(0.05)  # its first pass made, it waits for news
+        stopped.flag = True
+        writer.waiting.poke()  # news, as the deletion begins
+        await asyncio.wait_for(daemon, timeout=5)
+        return writer.waiting.event.is_set()
+
+    assert asyncio.run(scenario()) is True
+    assert writer.passes == 1  # the daemon made no pass of that news: the handler will

@@ -90,11 +90,8 @@ def test_passes_waiting_on_providers_give_their_slots_back_meanwhile() -> None:
             async with passes.slot(namespace):
                 slow_started += 1
 
-                async def one_lookup() -> None:
-                    async with PassesInFlight.aside():
-                        await provider.wait()
-
-                await asyncio.gather(one_lookup(), one_lookup())  # concurrent, one pass
+                async with PassesInFlight.aside():  # its providers, asked at once
+                    await asyncio.gather(provider.wait(), provider.wait())
 
         slow = [asyncio.create_task(slow_pass(n)) for n in ("a", "a", "b", "b", "a", "b")]
         await asyncio.sleep(0.05)
@@ -139,4 +136,42 @@ def test_a_pass_takes_its_slot_again_before_it_goes_on() -> None:
         "second runs",
         "second ends",
         "first goes on",
+    ]
+
+
+def test_a_failed_provider_call_cancels_the_others_and_its_pass_slot_comes_back() -> None:
+    """With a plain gather, a call still waiting on its provider outlived its failed pass
+    and took that pass's slot for good when it returned (found by review)."""
+    from reservoir.k8s.ledger_writer import gather_or_cancel
+
+    async def scenario() -> list[str]:
+        passes = PassesInFlight(total=1, per_namespace=1)
+        seen: list[str] = []
+
+        async def slow_provider() -> None:
+            try:
+                await asyncio.sleep(0.2)
+                seen.append("slow provider answered")
+            except asyncio.CancelledError:
+                seen.append("slow provider cancelled")
+                raise
+
+        async def failing_provider() -> None:
+            await asyncio.sleep(0.01)
+            raise RuntimeError("connection reset")
+
+        async def one_pass() -> None:
+            async with passes.slot("t"), PassesInFlight.aside():
+                await gather_or_cancel(slow_provider(), failing_provider())
+
+        with pytest.raises(RuntimeError):
+            await one_pass()
+        await asyncio.sleep(0.3)
+        async with passes.slot("other"):  # not leaked
+            seen.append("another pass ran")
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(scenario(), timeout=5)) == [
+        "slow provider cancelled",
+        "another pass ran",
     ]

@@ -26,10 +26,10 @@ import itertools
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any, NoReturn, Protocol
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
@@ -58,6 +58,7 @@ from reservoir.core.model import (
     ParentKind,
     ParentRecord,
     ReservationEnvelopeStatus,
+    UpstreamCancel,
 )
 from reservoir.core.model import Trigger as Cause
 from reservoir.core.policy import settlement_due
@@ -101,6 +102,7 @@ from reservoir.k8s.resources import (
 from reservoir.k8s.transition_events import TransitionEvents, posts_event
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 MAX_ATTEMPTS = 8
 LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 # Claim reads and writes in flight at once, for all envelopes: within the HTTP client's
@@ -179,6 +181,20 @@ class Trigger:
         return poked
 
 
+async def gather_or_cancel(*steps: Awaitable[T]) -> list[T]:
+    """`asyncio.gather`, but the first failure cancels the others (and waits for them)
+    before it is raised: none goes on after its pass has failed (found by review: a
+    provider call that outlived its pass took that pass's slot for good)."""
+    tasks = [asyncio.ensure_future(step) for step in steps]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+
+
 class Conflict:
     """The compare-and-swap lost: someone wrote the envelope since we read it."""
 
@@ -246,11 +262,8 @@ class PassFacts:
                 )
                 continue
             ask[key] = fact
-        answers = await asyncio.gather(
-            *(
-                self.writer.consult(self.namespace, f, self.status, self.policy)
-                for f in ask.values()
-            )
+        answers = await self.writer.consult(
+            self.namespace, list(ask.values()), self.status, self.policy
         )
         for key, answer in zip(ask, answers, strict=True):
             self._asked[key] = answer
@@ -905,13 +918,39 @@ class LedgerWriter:
     async def consult(
         self,
         namespace: str,
-        fact: ClaimFacts,
+        facts: list[ClaimFacts],
         status: ReservationEnvelopeStatus,
         policy: EnvelopePolicy,
-    ) -> ClaimFacts:
-        """A claim's facts with its provider's answer and its duplicate, when it has one."""
-        fact = await self._consult_provider(namespace, fact, status, policy)
-        return await self._find_duplicate(namespace, fact, status)
+    ) -> list[ClaimFacts]:
+        """Claims' facts with their providers' answers and their duplicates, if any. The
+        providers answer in their own time: the pass's slot is another pass's meanwhile
+        (PassesInFlight.aside); the duplicates are looked for at the API server with it."""
+        asked = [p for p in facts if self._provider_call(p, status, policy) is not None]
+        if asked:
+            async with PassesInFlight.aside():
+                answered = await gather_or_cancel(
+                    *(self._consult_provider(namespace, f, status, policy) for f in asked)
+                )
+            by_uid = {f.uid: f for f in answered}
+            facts = [by_uid.get(f.uid, f) for f in facts]
+        return await gather_or_cancel(*(self._find_duplicate(namespace, f, status) for f in facts))
+
+    def _provider_call(
+        self, fact: ClaimFacts, status: ReservationEnvelopeStatus, policy: EnvelopePolicy
+    ) -> tuple[UpstreamCancel | None, Adapter | None, bool] | None:
+        """What to ask a claim's provider, if anything: the cancel to forward (or None),
+        the adapter, and whether to look its operation up."""
+        entry = newest(status.entries.get(fact.uid), fact.line) or fact.settled_record
+        if entry is None:
+            return None
+        how = cancel_to_forward(entry, fact.spec, policy)
+        adapter = adapter_for(fact.spec, policy)
+        lookup = needs_lookup(entry, fact.spec, policy) and (
+            adapter is Adapter.OBJECT or lookup_due(entry, self.clock())
+        )
+        if how is None and not lookup:
+            return None
+        return how, adapter, lookup
 
     async def _consult_provider(
         self,
@@ -923,19 +962,11 @@ class LedgerWriter:
         """A status lookup for a claim that needs one (Detached, cancel asked, submitted
         but unconfirmed): an object is read whenever asked (one GET), an HTTP provider only
         when its backoff says so. A cancel asked after the commit point is forwarded once."""
-        entry = newest(status.entries.get(fact.uid), fact.line) or fact.settled_record
-        if entry is None:
+        call = self._provider_call(fact, status, policy)
+        if call is None:
             return fact
-        how = cancel_to_forward(entry, fact.spec, policy)
-        adapter = adapter_for(fact.spec, policy)
-        lookup = needs_lookup(entry, fact.spec, policy) and (
-            adapter is Adapter.OBJECT or lookup_due(entry, self.clock())
-        )
-        if how is None and not lookup:
-            return fact
-        lookups = self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE))
-        # Providers answer in their own time: the pass's slot is another's meanwhile.
-        async with PassesInFlight.aside(), lookups:
+        how, adapter, lookup = call
+        async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
                 done, text = await self.providers.forward_cancel(
                     namespace, fact.spec, policy, how, fact.name

@@ -11,7 +11,8 @@ envelopes from holding every slot while another tenant's one admission waits beh
 A pass that waits on its tenants' providers (each call bounded by its own deadline, and
 a few at once per namespace) gives its slot back meanwhile (`aside`): holding it, two
 tenants with slow providers held every slot, and every other tenant's passes waited
-behind them (found by review)."""
+behind them (found by review). It asks all its providers at once, then takes its slot
+again before it reads or writes anything more."""
 
 from __future__ import annotations
 
@@ -22,16 +23,12 @@ from collections.abc import AsyncIterator
 
 
 class Slot:
-    """One pass's place: its namespace's share and the writer's. The pass's concurrent
-    provider calls give it back while any of them waits (`aside`), and it is taken again
-    once none does."""
+    """One pass's place: its namespace's share and the writer's."""
 
     def __init__(self, own: asyncio.Semaphore, shared: asyncio.Semaphore) -> None:
         self._own = own
         self._shared = shared
         self.held = False
-        self._aside = 0
-        self._turning = asyncio.Lock()  # one change of hands at a time
 
     async def take(self) -> None:
         await self._own.acquire()
@@ -47,18 +44,6 @@ class Slot:
             self.held = False
             self._shared.release()
             self._own.release()
-
-    async def step_aside(self) -> None:
-        async with self._turning:
-            self._aside += 1
-            if self._aside == 1:
-                self.give_back()
-
-    async def step_back(self) -> None:
-        async with self._turning:
-            self._aside -= 1
-            if self._aside == 0 and not self.held:
-                await self.take()
 
 
 _current: contextvars.ContextVar[Slot | None] = contextvars.ContextVar("pass_slot", default=None)
@@ -94,17 +79,18 @@ class PassesInFlight:
     @contextlib.asynccontextmanager
     async def aside() -> AsyncIterator[None]:
         """The current pass's slot given back while it waits on something other than the
-        API server (its tenants' providers), and taken again after. Outside a pass,
-        nothing."""
+        API server (its tenants' providers), and taken again before it goes on. Entered by
+        the pass itself, never by several of its steps at once (whatever they do meanwhile
+        would run without the slot). Outside a pass, or already aside, nothing."""
         place = _current.get()
-        if place is None:
+        if place is None or not place.held:
             yield
             return
-        await place.step_aside()
+        place.give_back()
         try:
             yield
         finally:
-            await place.step_back()
+            await place.take()
 
     def namespaces(self) -> int:
         """Namespaces with a pass running or waiting (for the tests: none kept after)."""
