@@ -21,6 +21,8 @@ import contextlib
 import contextvars
 from collections.abc import AsyncIterator
 
+from reservoir.k8s.request_slots import acquire_both
+
 
 class Slot:
     """One pass's place: its namespace's share and the writer's."""
@@ -31,12 +33,7 @@ class Slot:
         self.held = False
 
     async def take(self) -> None:
-        await self._own.acquire()
-        try:
-            await self._shared.acquire()
-        except BaseException:
-            self._own.release()
-            raise
+        await acquire_both(self._own, self._shared)
         self.held = True
 
     def give_back(self) -> None:

@@ -23,18 +23,23 @@ class RequestSlots:
         return PassSlots(asyncio.Semaphore(self._per_pass), self._shared)
 
 
+async def acquire_both(own: asyncio.Semaphore, shared: asyncio.Semaphore) -> None:
+    """A place in a share (`own`) and in the bound it is a share of: both, or neither."""
+    await own.acquire()
+    try:
+        await shared.acquire()
+    except BaseException:
+        own.release()
+        raise
+
+
 class PassSlots:
     def __init__(self, own: asyncio.Semaphore, shared: asyncio.Semaphore) -> None:
         self._own = own
         self._shared = shared
 
     async def __aenter__(self) -> None:
-        await self._own.acquire()
-        try:
-            await self._shared.acquire()
-        except BaseException:
-            self._own.release()
-            raise
+        await acquire_both(self._own, self._shared)
 
     async def __aexit__(
         self,
