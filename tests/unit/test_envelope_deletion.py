@@ -132,7 +132,7 @@ def test_waiting_on_its_parent_it_pokes_the_parent_each_pass(
     writer = Writer(pass_result(done_upward=False), pass_result(done_upward=False), pass_result())
     assert run(writer, [0.1, 0.1], monkeypatch) is None
     assert writer.passes == 3
-    assert writer.parent_pokes == 2
+    assert writer.parent_pokes == 3  # and once it goes: its parent retires its line
 
 
 def test_a_deletion_held_back_is_counted_and_announced_once_at_its_first_wait(

@@ -110,8 +110,8 @@ LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 REQUESTS_IN_FLIGHT = 16
 PASS_REQUESTS = 8  # of which one pass queues at most this many at a time (request_slots.py)
 # Envelope passes running at once, and of one namespace's envelopes (passes_in_flight.py).
-PASSES_IN_FLIGHT = 16
-PASSES_PER_NAMESPACE = 8
+PASSES_IN_FLIGHT = 32
+PASSES_PER_NAMESPACE = 16
 # A claim's status shows usage reported on the way at most this late: a report followed by
 # the final report (or any other move) within it costs one status write, not two.
 MIRROR_USAGE_WITHIN = timedelta(seconds=2)
