@@ -172,12 +172,8 @@ class SetAsideReporter:
         response.close()
 
 
-def _kind(resource: Any) -> str:
-    return f"{resource.plural}.{resource.group or 'core'}"
-
-
 def _what(resource: Any, namespace: str | None) -> str:
-    return f"{_kind(resource)} {f'in {namespace}' if namespace else 'cluster-wide'}"
+    return f"{watch_list.kind_of(resource)} {f'in {namespace}' if namespace else 'cluster-wide'}"
 
 
 # A list begins: put in the stream by `continuous_watch` below, before each list kopf
@@ -257,7 +253,7 @@ def apply(
     async def infinite_watch(**kwargs: Any) -> AsyncIterator[Any]:
         """kopf's watch stream; a complete list means this watch is up (again)."""
         what = _what(kwargs["resource"], kwargs["namespace"])
-        received = metrics.watch_events.labels(_kind(kwargs["resource"]))
+        received = metrics.watch_events.labels(watch_list.kind_of(kwargs["resource"]))
         async for event in _ORIGINAL_INFINITE_WATCH(**kwargs):
             if event is watching.Bookmark.LISTED:
                 health.watch_up(what)
@@ -269,7 +265,7 @@ def apply(
         """kopf's watcher, started again whenever it fails; down on /readyz meanwhile."""
         what = _what(kwargs["resource"], kwargs["namespace"])
         backoff = 1.0
-        informer = served.get(_kind(kwargs["resource"]))
+        informer = served.get(watch_list.kind_of(kwargs["resource"]))
         operator_indexed = kwargs.get("operator_indexed")
         if indexed is not None and not indexed.is_set() and not waiting:
             if operator_indexed is None:

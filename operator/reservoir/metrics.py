@@ -228,7 +228,7 @@ initial_states = BoundedCounter(
     "Initial states the operator's watches began with (at start, and again after a watch "
     "expired or failed), by resource (plural.group) and how they came: streamed (the API "
     "server sent every object on the watch itself) or listed (in pages, where the API "
-    "server cannot stream them).",
+    "server cannot stream them or a stream was cut short).",
     ["resource", "how"],
 )
 objects_set_aside = BoundedCounter(

@@ -62,7 +62,7 @@ class WatchLists:
         now = self.clock()
         if self.refused_at is not None and now - self.refused_at < RETRY_STREAMING_SECONDS:
             return False
-        cut = self.cut_at.get((_kind(resource), namespace))
+        cut = self.cut_at.get((kind_of(resource), namespace))
         return cut is None or now - cut >= RETRY_STREAMING_SECONDS
 
     def refused(self, error: errors.APIError) -> None:
@@ -74,16 +74,17 @@ class WatchLists:
         )
 
     def cut_short(self, resource: Any, namespace: str | None) -> None:
-        self.cut_at[(_kind(resource), namespace)] = self.clock()
+        self.cut_at[(kind_of(resource), namespace)] = self.clock()
         logger.warning(
             "the initial stream of %s %s ended before its end: that watch lists in pages "
             "for a while",
-            _kind(resource),
+            kind_of(resource),
             f"in {namespace}" if namespace else "cluster-wide",
         )
 
 
-def _kind(resource: Any) -> str:
+def kind_of(resource: Any) -> str:
+    """A kopf resource as `plural.group` (`core` for the core group)."""
     return f"{resource.plural}.{resource.group or 'core'}"
 
 
@@ -110,7 +111,7 @@ async def continuous_watch(
     operator_pause_waiter: Any,
 ) -> AsyncIterator[Any]:
     """kopf's list-then-watch, the list streamed where the server can (see the module)."""
-    listed = metrics.initial_states.labels(_kind(resource), "listed")
+    listed = metrics.initial_states.labels(kind_of(resource), "listed")
     if not state.streams(resource, namespace):
         async for event in listed_watch(
             settings=settings,
@@ -122,7 +123,7 @@ async def continuous_watch(
                 listed.inc()
             yield event
         return
-    streamed = metrics.initial_states.labels(_kind(resource), "streamed")
+    streamed = metrics.initial_states.labels(kind_of(resource), "streamed")
     since: str | None = None  # None until the initial state is complete
     initial = streaming(settings)
     while not operator_pause_waiter.done():

@@ -70,7 +70,9 @@ class OperatorProcess:
     ) -> None:
         """namespace None: the whole cluster (-A); kubeconfig: other credentials than
         the cluster's (a ServiceAccount token, say)."""
-        self.port = _free_port()
+        # Outside the ephemeral range (an operator's liveness port once came from it and an
+        # outgoing connection took it first: "Address already in use").
+        self.port = free_port()
         self.log = log
         env = {**os.environ, "KUBECONFIG": str(kubeconfig or cluster.kubeconfig_path)}
         scope = ["-n", namespace] if namespace is not None else ["-A"]
@@ -120,12 +122,6 @@ class OperatorProcess:
                 self.process.wait(timeout=15)
             except subprocess.TimeoutExpired:
                 self.kill()
-
-
-def _free_port() -> int:
-    """A port to listen on, outside the ephemeral range (an operator's liveness port once
-    came from it and an outgoing connection took it first: "Address already in use")."""
-    return free_port()
 
 
 StartOperator = Callable[..., OperatorProcess]

@@ -8,12 +8,14 @@ import os
 import random
 import subprocess
 import time
+import urllib.request
 from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
 
 from lightkube import AsyncClient, KubeConfig
+from prometheus_client.parser import text_string_to_metric_families
 
 from reservoir.core.claimstatus import settled_record
 from reservoir.core.inflight import newest
@@ -22,6 +24,7 @@ from reservoir.sdk import ClaimView, EnvelopeView, LeaseUncertainError, Reservoi
 from tests.clusters import ClusterHandle
 
 T = TypeVar("T")
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -223,3 +226,27 @@ def run_branch(
         sdk.finish(sdk.get(claim), {"tokens": str(final)})
     except (*tolerated, TimeoutError):
         pass
+
+
+def scrape(port: int) -> str:
+    """The operator's /metrics exposition, as text."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+        return str(response.read().decode())
+
+
+def samples(text: str) -> Samples:
+    """Every sample of an exposition, by name and labels (in any order)."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(found: Samples, name: str, **labels: str) -> float | None:
+    return found.get((name, tuple(sorted(labels.items()))))
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """One sample's value on the operator's /metrics, 0 if it has none."""
+    return value(samples(scrape(port)), name, **labels) or 0.0

@@ -23,10 +23,18 @@ from pathlib import Path
 import pytest
 
 from reservoir.sdk import Reservoir
-from tests.clusters import ClusterHandle
+from tests.clusters import ClusterHandle, free_port
 from tests.integration.chart import token_kubeconfig
-from tests.integration.conftest import REPO, OperatorProcess, _free_port
-from tests.integration.helpers import create_envelope, eventually, settled_ledger, wait_phase
+from tests.integration.conftest import REPO, OperatorProcess
+from tests.integration.helpers import (
+    create_envelope,
+    eventually,
+    metric,
+    settled_ledger,
+    wait_phase,
+)
+
+INITIAL_STATES = "reservoir_watch_initial_states_total"
 
 LOGS = REPO / ".cluster" / "test-logs"
 CLAIMS_CRD = "branchclaims.reservoir.dev"
@@ -47,7 +55,7 @@ def cluster_wide_operator(
     cluster: ClusterHandle, name: str, *extra: str, kubeconfig: Path | None = None
 ) -> tuple[OperatorProcess, int]:
     LOGS.mkdir(parents=True, exist_ok=True)
-    port = _free_port()
+    port = free_port()
     log = LOGS / f"{name}-{uuid.uuid4().hex[:4]}.log"
     operator = OperatorProcess(
         cluster, None, log, "--metrics-port", str(port), *extra, kubeconfig=kubeconfig
@@ -158,11 +166,10 @@ def test_a_claim_nested_2000_deep_is_set_aside_and_other_tenants_settle(
             assert f"set aside BranchClaim {hostile}/deep" in operator.log.read_text()
             # The claims' initial state was streamed (reservoir.watch_list), the set-aside
             # claim's stand-in bookmark did not end it early, and nothing was listed.
-            # (The exposition sorts labels by name.)
-            claims = 'resource="branchclaims.reservoir.dev"'
-            streamed = f'reservoir_watch_initial_states_total{{how="streamed",{claims}}}'
-            listed = f'reservoir_watch_initial_states_total{{how="listed",{claims}}}'
-            assert (sample(port, streamed), sample(port, listed)) == (1, 0)
+            claims = "branchclaims.reservoir.dev"
+            streamed = metric(port, INITIAL_STATES, resource=claims, how="streamed")
+            listed = metric(port, INITIAL_STATES, resource=claims, how="listed")
+            assert (streamed, listed) == (1, 0)
     finally:
         operator.stop()
     # The deep claim was never admitted: its envelope holds nothing.
@@ -238,17 +245,8 @@ def test_a_watch_that_dies_is_restarted_and_readyz_says_so_meanwhile(
             cluster.kubectl("delete", "clusterrolebinding,clusterrole", role, "--ignore-not-found")
 
 
-def sample(port: int, series: str) -> float:
-    """One series' value on the operator's /metrics (0 if it is not there)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        for line in response.read().decode().splitlines():
-            if line.startswith(series + " "):
-                return float(line.split()[-1])
-    return 0.0
-
-
 def pods_received(port: int) -> float:
-    return sample(port, 'reservoir_watch_events_total{resource="pods.core"}')
+    return metric(port, "reservoir_watch_events_total", resource="pods.core")
 
 
 def test_unlabelled_pods_of_other_tenants_never_reach_the_operator(

@@ -18,39 +18,29 @@ from pathlib import Path
 
 import pytest
 import yaml
-from prometheus_client.parser import text_string_to_metric_families
 
 from reservoir.sdk import Reservoir
-from tests.clusters import ClusterHandle
-from tests.integration.conftest import StartOperator, _free_port
-from tests.integration.helpers import create_envelope, eventually, settled_ledger, wait_phase
+from tests.clusters import ClusterHandle, free_port
+from tests.integration.conftest import StartOperator
+from tests.integration.helpers import (
+    Samples,
+    create_envelope,
+    eventually,
+    samples,
+    scrape,
+    settled_ledger,
+    value,
+    wait_phase,
+)
 from tests.tools import tool
 
 CLASS_LABEL = "reservoir.dev/workflow-class"
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
-def samples(text: str) -> Samples:
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
-
-
-def value(found: Samples, name: str, **labels: str) -> float | None:
-    return found.get((name, tuple(sorted(labels.items()))))
 
 
 def test_a_scrape_after_the_worked_example_matches_the_ledger(
     cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir
 ) -> None:
-    port = _free_port()
+    port = free_port()
     start_operator("--metrics-port", str(port))
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as response:
         assert response.status == 200
@@ -175,7 +165,7 @@ def test_a_scrape_shows_permits_and_a_rate_limit_in_use_their_peaks_shortfall_an
     permit comes back as its claim ends, and the permit-seconds held are counted. A
     provider rate limit (`rpm`, Replenishing, a 10-minute window) keeps what was consumed
     in its window."""
-    port = _free_port()
+    port = free_port()
     start_operator("--metrics-port", str(port))
     body = {
         "apiVersion": "reservoir.dev/v1alpha1",
@@ -325,7 +315,7 @@ def test_readiness_follows_the_api_server_even_with_nothing_to_reconcile(
     # The API server's certificate names 127.0.0.1, so the relay is transparent to TLS.
     kubeconfig = tmp_path / "kubeconfig"
     kubeconfig.write_text(yaml.safe_dump(config))
-    port = _free_port()
+    port = free_port()
     start_operator("--metrics-port", str(port), kubeconfig=kubeconfig)
     assert ready(port) == 200
 
@@ -375,7 +365,7 @@ def test_metrics_answer_only_a_token_allowed_to_get_them(
             cluster.kubectl("create", "token", account, "-n", ns).strip()
             for account in ("scraper", "tenant")
         )
-        port = _free_port()
+        port = free_port()
         start_operator("--metrics-port", str(port), "--metrics-auth", "kubernetes")
         metrics = f"http://127.0.0.1:{port}/metrics"
         assert get_status(f"http://127.0.0.1:{port}/readyz")[0] == 200

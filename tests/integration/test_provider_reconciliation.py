@@ -23,8 +23,8 @@ import pytest
 
 from reservoir.core.model import ClaimPhase, Outcome, ProviderState, Transition, Trigger
 from reservoir.sdk import ClaimView, DuplicateRequestIdError, Reservoir
-from tests.clusters import ClusterHandle, schemaless_crd
-from tests.integration.conftest import OperatorProcess, StartOperator, _free_port
+from tests.clusters import ClusterHandle, free_port, schemaless_crd
+from tests.integration.conftest import OperatorProcess, StartOperator
 from tests.integration.helpers import (
     create_envelope,
     events_of,
@@ -656,7 +656,7 @@ def test_an_http_provider_settles_a_detached_claim_once_after_failed_lookups(
     sdk: Reservoir,
     provider: ProviderServer,
 ) -> None:
-    port = _free_port()
+    port = free_port()
     start_operator("--metrics-port", str(port))
     provider.script(
         "op-1",

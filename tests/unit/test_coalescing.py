@@ -234,13 +234,12 @@ class Run:
         writer.clock = lambda: now
         policy = world.envelope.spec.policy
 
+        async def ask(f: ClaimFacts) -> ClaimFacts:
+            call = writer._provider_call(f, self.status, policy)
+            return f if call is None else await writer._consult_provider("ns", f, policy, call)
+
         async def consult() -> list[ClaimFacts]:
-            return [
-                await writer._consult_provider("ns", f, self.status, policy)
-                if f.spec.upstream.ref is not None
-                else f
-                for f in facts
-            ]
+            return [await ask(f) if f.spec.upstream.ref is not None else f for f in facts]
 
         return self.runner.run(consult())
 

@@ -567,7 +567,10 @@ def consult(sim: Sim, name: str, kube: FakeKube) -> Sim:
     writer = LedgerWriter(kube, record=lambda *_: None, clock=lambda: sim.now)  # type: ignore[arg-type]
     fact = replace(sim.claims[name], provider=None, cancel_forwarded=None)
     policy = sim.envelope.spec.policy
-    sim.claims[name] = asyncio.run(writer._consult_provider("ns", fact, sim.status, policy))
+    call = writer._provider_call(fact, sim.status, policy)
+    if call is not None:
+        fact = asyncio.run(writer._consult_provider("ns", fact, policy, call))
+    sim.claims[name] = fact
     return sim
 
 

@@ -103,6 +103,9 @@ from reservoir.k8s.transition_events import TransitionEvents, posts_event
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+# What to ask a claim's provider: the cancel to forward (or None), the adapter, and whether
+# to look its operation up.
+ProviderCall = tuple[UpstreamCancel | None, Adapter | None, bool]
 MAX_ATTEMPTS = 8
 LOOKUPS_PER_NAMESPACE = 4  # provider calls in flight at once for one namespace
 # Claim reads and writes in flight at once, for all envelopes: within the HTTP client's
@@ -925,11 +928,12 @@ class LedgerWriter:
         """Claims' facts with their providers' answers and their duplicates, if any. The
         providers answer in their own time: the pass's slot is another pass's meanwhile
         (PassesInFlight.aside); the duplicates are looked for at the API server with it."""
-        asked = [p for p in facts if self._provider_call(p, status, policy) is not None]
+        calls = [(f, self._provider_call(f, status, policy)) for f in facts]
+        asked = [(f, call) for f, call in calls if call is not None]
         if asked:
             async with PassesInFlight.aside():
                 answered = await gather_or_cancel(
-                    *(self._consult_provider(namespace, f, status, policy) for f in asked)
+                    *(self._consult_provider(namespace, f, policy, call) for f, call in asked)
                 )
             by_uid = {f.uid: f for f in answered}
             facts = [by_uid.get(f.uid, f) for f in facts]
@@ -937,7 +941,7 @@ class LedgerWriter:
 
     def _provider_call(
         self, fact: ClaimFacts, status: ReservationEnvelopeStatus, policy: EnvelopePolicy
-    ) -> tuple[UpstreamCancel | None, Adapter | None, bool] | None:
+    ) -> ProviderCall | None:
         """What to ask a claim's provider, if anything: the cancel to forward (or None),
         the adapter, and whether to look its operation up."""
         entry = newest(status.entries.get(fact.uid), fact.line) or fact.settled_record
@@ -956,15 +960,12 @@ class LedgerWriter:
         self,
         namespace: str,
         fact: ClaimFacts,
-        status: ReservationEnvelopeStatus,
         policy: EnvelopePolicy,
+        call: ProviderCall,
     ) -> ClaimFacts:
         """A status lookup for a claim that needs one (Detached, cancel asked, submitted
         but unconfirmed): an object is read whenever asked (one GET), an HTTP provider only
         when its backoff says so. A cancel asked after the commit point is forwarded once."""
-        call = self._provider_call(fact, status, policy)
-        if call is None:
-            return fact
         how, adapter, lookup = call
         async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
