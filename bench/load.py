@@ -100,6 +100,9 @@ class Tracker:
         self.latest: dict[str, dict[str, Any]] = {}  # claim UID -> the claim as last seen
         self._waiters: dict[str, list[tuple[frozenset[str], asyncio.Future[float]]]] = {}
         self.envelope_bytes: dict[str, int] = {}  # peak serialized size seen, per envelope
+        # What the envelope held at that peak: its lines in flight and their bytes, and
+        # the bytes of its managedFields (the API server's record of who set each field).
+        self.envelope_peak: dict[str, dict[str, int]] = {}
         self.events: Counter[str] = Counter()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -158,7 +161,16 @@ class Tracker:
         status = body.get("status") or {}
         entries = status.get("entries") or {}
         size = len(json.dumps(body, separators=(",", ":")))
-        self.envelope_bytes[name] = max(size, self.envelope_bytes.get(name, 0))
+        if size > self.envelope_bytes.get(name, 0):
+            self.envelope_bytes[name] = size
+            self.envelope_peak[name] = {
+                "bytes": size,
+                "lines_in_flight": len(entries),
+                "lines_in_flight_bytes": len(json.dumps(entries, separators=(",", ":"))),
+                "managed_fields_bytes": len(
+                    json.dumps(body["metadata"].get("managedFields") or [], separators=(",", ":"))
+                ),
+            }
         # The lines in flight: each capacity move is recorded here first (issue 23); a line
         # leaves once its claim shows it, which says nothing of the claim's phase.
         for uid, entry in entries.items():

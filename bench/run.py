@@ -513,6 +513,7 @@ class ClaimRun:
     cpu: dict[str, float]
     rss: list[tuple[float, float]]  # (seconds since start, MiB)
     envelope_bytes: dict[str, int]
+    envelope_peak: dict[str, dict[str, int]]
     ledger_writes: dict[str, float]
     watch_events: dict[str, int]
 
@@ -635,6 +636,7 @@ async def run_claims(
         cpu=Bench.cpu_delta(cpu_before, cpu_after),
         rss=rss,
         envelope_bytes=dict(tracker.envelope_bytes),
+        envelope_peak=dict(tracker.envelope_peak),
         ledger_writes={
             k: v - writes_before.get(k, 0.0)
             for k, v in writes_after.items()
@@ -736,6 +738,7 @@ def claim_figures(run: ClaimRun, cost: dict[str, dict[str, Any]]) -> dict[str, A
         },
         "operator_rss_mib_peak": round(max((v for _, v in run.rss), default=0.0), 1),
         "envelope_peak_bytes": max(run.envelope_bytes.values(), default=0),
+        "envelope_at_peak": max(run.envelope_peak.values(), key=lambda p: p["bytes"], default={}),
         "watch_events_seen": run.watch_events,
         "api": cost,
         "window": [run.started_wall, run.finished_wall],
@@ -1121,6 +1124,10 @@ def report_hot(bench: Bench, result: dict[str, Any]) -> None:
     bench.row("hot", "conflicts (audit, SDK retries: 409, failed test 422)", f["load_conflicts"])
     bench.row("hot", "envelope writes / settled claim", f["envelope_writes_per_settled_claim"])
     bench.row("hot", "envelope peak size", f["envelope_peak_bytes"], "bytes", "envelope_peak_bytes")
+    peak = f.get("envelope_at_peak") or {}
+    bench.row("hot", "  lines in flight then", peak.get("lines_in_flight"))
+    bench.row("hot", "  their bytes", peak.get("lines_in_flight_bytes"), "bytes")
+    bench.row("hot", "  managedFields bytes", peak.get("managed_fields_bytes"), "bytes")
     bench.row("hot", "failed claims", f["failed"])
 
 
