@@ -14,7 +14,7 @@ import kopf
 import pytest
 
 from reservoir.handlers import envelopes
-from reservoir.k8s.ledger_writer import Trigger
+from reservoir.k8s.triggers import Trigger
 
 
 def live_claim() -> Any:

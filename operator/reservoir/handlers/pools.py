@@ -35,21 +35,21 @@ async def keep_the_pool_ledger(
     """The pool's status is the tenant's ledger: admit root envelopes, take back what
     closed ones return."""
     services: Services = memo.services
-    trigger = services.pools.trigger(name)
-    while not stopped:
-        wake_in = IDLE_WAKEUP_SECONDS
-        try:
-            result = await services.pools.reconcile_once(name)
-            if result is not None and result.wake_at is not None:
-                # A Replenishing window returns capacity then: look again at that moment.
-                soon = (result.wake_at - utcnow()).total_seconds() + 0.05
-                wake_in = max(min(wake_in, soon), 0.5)
-        except LedgerStuckError as error:
-            logger.warning("%s", error)
-        except Exception:  # never let one bad reconcile stop the pool's writer
-            logger.exception("reconciling the pool failed; retrying")
-            wake_in = 2.0
-        await trigger.wait(wake_in)
+    with services.pools.keeping(name) as trigger:
+        while not stopped:
+            wake_in = IDLE_WAKEUP_SECONDS
+            try:
+                result = await services.pools.reconcile_once(name)
+                if result is not None and result.wake_at is not None:
+                    # A Replenishing window returns capacity then: look again at that moment.
+                    soon = (result.wake_at - utcnow()).total_seconds() + 0.05
+                    wake_in = max(min(wake_in, soon), 0.5)
+            except LedgerStuckError as error:
+                logger.warning("%s", error)
+            except Exception:  # never let one bad reconcile stop the pool's writer
+                logger.exception("reconciling the pool failed; retrying")
+                wake_in = 2.0
+            await trigger.wait(wake_in)
 
 
 @kopf.on.delete(*POOLS, retries=None, timeout=None, errors=kopf.ErrorsMode.TEMPORARY)

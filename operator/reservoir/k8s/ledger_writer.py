@@ -100,6 +100,7 @@ from reservoir.k8s.resources import (
     get_object,
 )
 from reservoir.k8s.transition_events import TransitionEvents, posts_event
+from reservoir.k8s.triggers import Trigger, Triggers
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -164,24 +165,6 @@ class Recorder(Protocol):
     """Posts a Kubernetes Event about an object (kopf's poster in the operator)."""
 
     def __call__(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
-
-
-@dataclass
-class Trigger:
-    """Wakes an envelope's writer: many pokes before it runs coalesce into one reconcile."""
-
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-
-    def poke(self) -> None:
-        self.event.set()
-
-    async def wait(self, seconds: float) -> bool:
-        """Wait for a poke, at most `seconds`: whether one came (or was waiting)."""
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.event.wait(), seconds)
-        poked = self.event.is_set()
-        self.event.clear()
-        return poked
 
 
 async def gather_or_cancel(*steps: Awaitable[T]) -> list[T]:
@@ -388,11 +371,12 @@ class LedgerWriter:
         self._departed: dict[tuple[str, str], dict[str, tuple[str | None, LedgerEntry]]] = {}
         # Claims whose finalizer this writer removed (claim UID -> when): not patched again.
         self._released: dict[str, float] = {}
-        self._triggers: dict[tuple[str, str], Trigger] = {}
-        # Envelopes whose daemon (keep_the_ledger) runs: a poke reaches a pass.
-        # Envelopes whose daemon (or deletion handler) waits for pokes, and how many wait.
-        self._kept: dict[tuple[str, str], int] = {}
-        self._reported_invalid: set[tuple[str, str]] = set()  # (claim uid, resourceVersion)
+        # Wake-ups for each envelope's passes, held by its daemon or deletion handler.
+        self._triggers: Triggers[tuple[str, str]] = Triggers()
+        # Claim UID -> the resourceVersion of its unreadable spec last reported: one Event a
+        # version, and one entry a live claim (a tenant rewriting an unreadable claim made a
+        # set of every version grow for the operator's life).
+        self._reported_invalid: dict[str, str] = {}
         # (envelope uid, generation, reason, message): reported once, so that the report's
         # own write (a new resourceVersion) never wakes a loop of reports.
         self._reported_refusals: set[tuple[str, int, str, str]] = set()
@@ -413,6 +397,7 @@ class LedgerWriter:
         """The watch delivered a claim's deletion (no GET needed to know it is gone), with
         the claim's last state: a line it still held is kept for its envelope's next pass."""
         self._awaiting.discard(uid)
+        self._reported_invalid.pop(uid, None)
         if isinstance(self.source, WatchedClaims):
             self.source.saw_deleted(uid)
         if body is None:
@@ -443,31 +428,23 @@ class LedgerWriter:
         )  # fmt: skip
         for kept in kept_by_envelope:
             kept.pop((namespace, envelope), None)
-
-    def trigger(self, namespace: str, envelope: str) -> Trigger:
-        return self._triggers.setdefault((namespace, envelope), Trigger())
+        self._triggers.forget((namespace, envelope))
 
     @contextlib.contextmanager
     def keeping(self, namespace: str, envelope: str) -> Iterator[Trigger]:
         """While the envelope's daemon runs, or its deletion handler waits for news: `kept`
         says a poke will reach a pass."""
-        key = (namespace, envelope)
-        self._kept[key] = self._kept.get(key, 0) + 1
-        try:
-            yield self.trigger(namespace, envelope)
-        finally:
-            self._kept[key] -= 1
-            if not self._kept[key]:
-                del self._kept[key]
+        with self._triggers.holding((namespace, envelope)) as trigger:
+            yield trigger
 
     def kept(self, namespace: str, envelope: str) -> bool:
         """Whether a poke reaches a pass of the envelope: its daemon runs, or its deletion
         handler waits for news (kopf stops the daemon once the envelope is being deleted,
         and never starts it for an envelope that does not exist)."""
-        return (namespace, envelope) in self._kept
+        return self._triggers.held((namespace, envelope))
 
     def poke(self, namespace: str, envelope: str) -> None:
-        self.trigger(namespace, envelope).poke()
+        self._triggers.poke((namespace, envelope))
 
     async def reconcile_once(self, namespace: str, envelope: str) -> Reconciliation | None:
         """Converge one envelope's ledger. None if the envelope does not exist.
@@ -1136,9 +1113,9 @@ class LedgerWriter:
     ) -> None:
         """One Event per unreadable spec version, not one per reconcile."""
         for claim, fact in invalid:
-            version = (fact.uid, claim["metadata"]["resourceVersion"])
-            if version not in self._reported_invalid and fact.problem:
-                self._reported_invalid.add(version)
+            version = claim["metadata"]["resourceVersion"]
+            if self._reported_invalid.get(fact.uid) != version and fact.problem:
+                self._reported_invalid[fact.uid] = version
                 self.record(claim, "Warning", "InvalidSpec", fact.problem)
 
     def _announce(

@@ -6,6 +6,7 @@ pool, a 409 means re-read and recompute, Events only once the ledger is durable.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 from collections.abc import Callable, Mapping
@@ -23,8 +24,9 @@ from reservoir.core.pool import PoolFacts, PoolReconciliation, reconcile_pool
 from reservoir.k8s import budgets
 from reservoir.k8s.clock import utcnow
 from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, force_settle_gone
-from reservoir.k8s.ledger_writer import MAX_ATTEMPTS, Conflict, LedgerStuckError, Recorder, Trigger
+from reservoir.k8s.ledger_writer import MAX_ATTEMPTS, Conflict, LedgerStuckError, Recorder
 from reservoir.k8s.resources import ReservationEnvelope, ReservationPool
+from reservoir.k8s.triggers import Trigger, Triggers
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +47,14 @@ class PoolWriter:
         self.poke_envelope = poke_envelope
         self.clock = clock
         self._locks: dict[str, asyncio.Lock] = {}
-        self._triggers: dict[str, Trigger] = {}
+        self._triggers: Triggers[str] = Triggers()
 
-    def trigger(self, name: str) -> Trigger:
-        return self._triggers.setdefault(name, Trigger())
+    def keeping(self, name: str) -> contextlib.AbstractContextManager[Trigger]:
+        """While the pool's daemon waits for pokes on its trigger."""
+        return self._triggers.holding(name)
 
     def poke(self, name: str) -> None:
-        self.trigger(name).poke()
+        self._triggers.poke(name)
 
     async def reconcile_once(self, name: str) -> PoolReconciliation | None:
         """Converge one pool's ledger. None if the pool does not exist."""
