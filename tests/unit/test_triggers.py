@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.triggers import PENDING_POKE_SECONDS, SWEEP_AT_LEAST, Triggers
 
 
@@ -76,25 +74,3 @@ def test_idle_and_stale_triggers_are_swept() -> None:
     assert len(triggers) == 1
     assert asyncio.run(triggers.get("recent").wait(0))
     assert not asyncio.run(triggers.get("stale").wait(0))  # made again, without the poke
-
-
-def test_the_writer_forgets_an_envelopes_trigger_and_a_deleted_claims_reports() -> None:
-    writer = LedgerWriter(object(), lambda *_: None)  # type: ignore[arg-type]
-    writer.poke("team-a", "wf")
-    writer.forget("team-a", "wf")
-    assert len(writer._triggers) == 0
-
-    reported: list[Any] = []
-    writer.record = lambda *args: reported.append(args)
-
-    class Unreadable:
-        uid = "claim-uid"
-        problem = "spec.requests: not a quantity"
-
-    for version in ("1", "2", "2", "3"):
-        claim = {"metadata": {"resourceVersion": version}}
-        writer._announce_invalid([(claim, Unreadable())])  # type: ignore[list-item]
-    assert len(reported) == 3  # once a version
-    assert writer._reported_invalid == {"claim-uid": "3"}  # one entry a claim
-    writer.saw_deleted("claim-uid")
-    assert writer._reported_invalid == {}

@@ -167,6 +167,19 @@ class Recorder(Protocol):
     def __call__(self, obj: Mapping[str, Any], type_: str, reason: str, message: str) -> None: ...
 
 
+def drop_departed(
+    departed: dict[str, tuple[str | None, LedgerEntry]], recorded: Iterable[str], envelope_uid: str
+) -> None:
+    """After an envelope's pass: the lines of claims seen deleted that the pass recorded are
+    in flight now, or settled; those it left for the next pass, and deletions seen since,
+    stay. Lines bound to another envelope of its name (one gone before it, or a claim's
+    status saying so) are never this envelope's: they go too, or they stayed for its life."""
+    for uid in recorded:
+        departed.pop(uid, None)
+    for uid in [u for u, (bound, _) in departed.items() if bound != envelope_uid]:
+        del departed[uid]
+
+
 async def gather_or_cancel(*steps: Awaitable[T]) -> list[T]:
     """`asyncio.gather`, but the first failure cancels the others (and waits for them)
     before it is raised: none goes on after its pass has failed (found by review: a
@@ -395,7 +408,12 @@ class LedgerWriter:
 
     def saw_deleted(self, uid: str, body: Mapping[str, Any] | None = None) -> None:
         """The watch delivered a claim's deletion (no GET needed to know it is gone), with
-        the claim's last state: a line it still held is kept for its envelope's next pass."""
+        the claim's last state: a line it still held is kept for its envelope's next pass,
+        if a pass of that envelope runs (its daemon or deletion handler holds its trigger).
+        Not otherwise: a tenant's claims may name any envelope, and a line kept for one
+        that no pass reads was kept for the operator's life. (An envelope's pass that finds
+        its claim gone without the line keeps what it held, as a lost line: never
+        returned on a guess.)"""
         self._awaiting.discard(uid)
         self._reported_invalid.pop(uid, None)
         if isinstance(self.source, WatchedClaims):
@@ -408,6 +426,8 @@ class LedgerWriter:
         status = body.get("status") or {}
         envelope = str((body.get("spec") or {}).get("envelope") or "")
         namespace = str(body["metadata"].get("namespace") or "")
+        if not self.kept(namespace, envelope):
+            return
         bound = status.get("envelopeUid") if isinstance(status, Mapping) else None
         departed = self._departed.setdefault((namespace, envelope), {})
         departed[uid] = (str(bound) if bound else None, line)
@@ -753,11 +773,11 @@ class LedgerWriter:
                 f"kept held as line {result.lost_children}; settle it by name with the "
                 "reservoir.dev/force-settle-gone annotation once you know what ran",
             )
-        # Recorded: the lines of claims seen deleted that this pass had are in flight now,
-        # or settled; those it left for the next pass, and deletions seen since, stay.
-        departed = self._departed.get((fetched.namespace, fetched.name), {})
-        for uid in set(fetched.departed) - result.postponed:
-            departed.pop(uid, None)
+        drop_departed(
+            self._departed.get((fetched.namespace, fetched.name), {}),
+            set(fetched.departed) - result.postponed,
+            fetched.envelope["metadata"]["uid"],
+        )
         return held_back
 
     async def _mirror_and_announce(
