@@ -129,6 +129,13 @@ GATE_RETRY = timedelta(seconds=5)
 # come to bring it sooner (found by review once passes without news came every 5 minutes).
 RETRY_REFUSED_SECONDS = 30
 RELEASED_KEEP_SECONDS = 600.0
+# What the writer keeps of an envelope (its parsed claims, what they were told, its gauges)
+# goes this long after no daemon or deletion handler keeps it, swept at most this often.
+LET_GO_SECONDS = 600.0
+LET_GO_SWEEP_SECONDS = 60.0
+# Refusals reported once each, an envelope; lines of claims seen deleted kept for its pass.
+REFUSALS_KEPT = 32
+DEPARTED_KEPT = 10_000
 # A lease that ends moves the claim here: the renewal the index may lack is read first.
 LEASE_PHASES = frozenset({ClaimPhase.EXPIRED, ClaimPhase.DETACHED})
 
@@ -386,13 +393,19 @@ class LedgerWriter:
         self._released: dict[str, float] = {}
         # Wake-ups for each envelope's passes, held by its daemon or deletion handler.
         self._triggers: Triggers[tuple[str, str]] = Triggers()
+        # Envelopes no daemon or deletion handler keeps, since when (monotonic): what the
+        # writer keeps about them goes after LET_GO_SECONDS (_forget_let_go).
+        self._let_go: dict[tuple[str, str], float] = {}
+        self._next_let_go_sweep = 0.0
         # Claim UID -> the resourceVersion of its unreadable spec last reported: one Event a
         # version, and one entry a live claim (a tenant rewriting an unreadable claim made a
         # set of every version grow for the operator's life).
         self._reported_invalid: dict[str, str] = {}
-        # (envelope uid, generation, reason, message): reported once, so that the report's
-        # own write (a new resourceVersion) never wakes a loop of reports.
-        self._reported_refusals: set[tuple[str, int, str, str]] = set()
+        # By envelope, (its uid, generation, reason, message): reported once, so that the
+        # report's own write (a new resourceVersion) never wakes a loop of reports. At most
+        # REFUSALS_KEPT an envelope, and forgotten with it (a tenant's claims can make each
+        # refusal's message new).
+        self._reported_refusals: dict[tuple[str, str], set[tuple[str, int, str, str]]] = {}
         # Which moves post an Event (each is an API write; the claim's status records
         # every move either way).
         self.transition_events = TransitionEvents.EXCEPTIONS
@@ -430,7 +443,8 @@ class LedgerWriter:
             return
         bound = status.get("envelopeUid") if isinstance(status, Mapping) else None
         departed = self._departed.setdefault((namespace, envelope), {})
-        departed[uid] = (str(bound) if bound else None, line)
+        if len(departed) < DEPARTED_KEPT or uid in departed:
+            departed[uid] = (str(bound) if bound else None, line)
 
     def departed(self, namespace: str, envelope: str, uid: str) -> dict[str, LedgerEntry]:
         """The lines of claims seen deleted that were bound to this envelope (`uid`)."""
@@ -444,7 +458,7 @@ class LedgerWriter:
         """The envelope is going: what this writer kept about it goes too."""
         kept_by_envelope = (
             self._parsed, self._quiet, self._told, self._gone, self._deferred,
-            self._departed,
+            self._departed, self._reported_refusals,
         )  # fmt: skip
         for kept in kept_by_envelope:
             kept.pop((namespace, envelope), None)
@@ -454,8 +468,32 @@ class LedgerWriter:
     def keeping(self, namespace: str, envelope: str) -> Iterator[Trigger]:
         """While the envelope's daemon runs, or its deletion handler waits for news: `kept`
         says a poke will reach a pass."""
-        with self._triggers.holding((namespace, envelope)) as trigger:
-            yield trigger
+        key = (namespace, envelope)
+        self._let_go.pop(key, None)
+        self._forget_let_go()
+        try:
+            with self._triggers.holding(key) as trigger:
+                yield trigger
+        finally:
+            if not self._triggers.held(key):
+                self._let_go.setdefault(key, time.monotonic())
+
+    def _forget_let_go(self) -> None:
+        """Forget the envelopes no daemon or deletion handler has kept for LET_GO_SECONDS.
+        An envelope that goes is forgotten by the pass that finds it gone, or by its
+        deletion handler; one removed without either (its finalizer taken off by hand)
+        kept its parsed claims and its gauges for the operator's life (found by review:
+        500 of them also pushed every other tenant's envelopes out of the gauges shown by
+        name). Swept at most once a LET_GO_SWEEP_SECONDS, as daemons start."""
+        now = time.monotonic()
+        if now < self._next_let_go_sweep:
+            return
+        self._next_let_go_sweep = now + LET_GO_SWEEP_SECONDS
+        for key, since in list(self._let_go.items()):
+            if now - since > LET_GO_SECONDS:
+                del self._let_go[key]
+                self.forget(*key)
+                metrics.envelopes.forget(*key)
 
     def kept(self, namespace: str, envelope: str) -> bool:
         """Whether a poke reaches a pass of the envelope: its daemon runs, or its deletion
@@ -500,6 +538,8 @@ class LedgerWriter:
                 del self._waiting[key]
                 self._last_pass.pop(key, None)
                 del self._locks[key]  # kept only while in use: envelopes come and go
+            if not self._triggers.held(key):  # a pass no daemon asked for (claims.adopt)
+                self._let_go.setdefault(key, time.monotonic())
 
     async def _converge(self, namespace: str, envelope: str) -> Reconciliation | None:
         """Passes until one is not a conflict (bounded, with jittered back-off)."""
@@ -735,8 +775,7 @@ class LedgerWriter:
         status write: a verdict kept off the ledger is durable only once its claim's status
         holds it, so no Event announces a decision that may be taken again differently."""
         envelope = fetched.envelope
-        uid = envelope["metadata"]["uid"]
-        self._reported_refusals = {k for k in self._reported_refusals if k[0] != uid}
+        self._reported_refusals.pop((fetched.namespace, fetched.name), None)
         held_back = set(result.off_ledger)
         self._announce(
             fetched.namespace,
@@ -1037,8 +1076,11 @@ class LedgerWriter:
         metrics.ledger_errors.labels(namespace, reason).inc()
         metrics.envelopes.unhealthy(namespace, name)
         key = (meta["uid"], int(meta.get("generation", 0)), reason, message)
-        if key not in self._reported_refusals:
-            self._reported_refusals.add(key)
+        reported = self._reported_refusals.setdefault((namespace, name), set())
+        if key not in reported:
+            if len(reported) >= REFUSALS_KEPT:
+                reported.clear()  # at worst a refusal is reported again
+            reported.add(key)
             self.record(envelope, "Warning", reason, message)
             conditions = unhealthy(envelope, reason, message, self.clock())
             with contextlib.suppress(ApiError):
