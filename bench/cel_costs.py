@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""What the claim's CEL rules cost each claim status write, by where the rules sit.
+"""What the claim's CEL rules cost each claim status write, by where the rules sit, and what
+the API server's field management of the status costs.
 
     make cluster-up && KUBECONFIG=.cluster/kubeconfig .venv/bin/python bench/cel_costs.py
 
@@ -7,8 +8,9 @@ On a local control plane (hack/localcluster.py, in RESERVOIR_CLUSTER_DIR or .clu
 API server's process is read from the cluster's state file), with crds/ applied first and no
 operator running: 40 claims admitted by the writer itself (request_costs.fill_ledger),
 then rounds of the operator's kind of status write (the whole status, one field moved), 24
-in flight, under each variant of the BranchClaim CRD in turn: as shipped, without its
-root rules, without the rules under `spec`, and with none. API server CPU per write, from
+in flight, under each variant of the BranchClaim CRD in turn: as shipped, with its status
+managed field by field (not one atomic unit), without its root rules, without the rules
+under `spec`, and with none. API server CPU per write, from
 /proc. The CRD as shipped is applied again at the end. Not a test: a measurement behind
 the README's "where the time goes". (The rules over several spec fields, once on the
 `spec` object itself, are the claim's admission policy's since 7a2a4ed: status writes no
@@ -46,12 +48,26 @@ CLUSTER = Path(os.environ.get("RESERVOIR_CLUSTER_DIR") or REPO / ".cluster")
 KUBECTL = str(build_binaries() / "kubectl")
 CLAIMS, WRITES, IN_FLIGHT, ROUNDS = 40, 1600, 24, 2
 
-# Which rules each variant removes, by the path of the schema node that declares them.
-VARIANTS: dict[str, Callable[[str], bool]] = {
-    "as shipped": lambda path: False,
-    "no root rules": lambda path: path == "",
-    "no rules under spec": lambda path: path.startswith(".spec"),
-    "no rules": lambda path: True,
+# What each variant changes in the claim's schema: rules removed, by the path of the
+# schema node that declares them, or the status made field by field again for the API
+# server's field management (managedFields), as it was before 2026-12-04.
+Variant = Callable[[dict[str, Any]], None]
+
+
+def rules_removed(removed: Callable[[str], bool]) -> Variant:
+    return lambda schema: without_rules(schema, removed)
+
+
+def status_field_by_field(schema: dict[str, Any]) -> None:
+    schema["properties"]["status"].pop("x-kubernetes-map-type", None)
+
+
+VARIANTS: dict[str, Variant] = {
+    "as shipped": lambda schema: None,
+    "status field by field": status_field_by_field,
+    "no root rules": rules_removed(lambda path: path == ""),
+    "no rules under spec": rules_removed(lambda path: path.startswith(".spec")),
+    "no rules": rules_removed(lambda path: True),
 }
 
 
@@ -73,7 +89,7 @@ def without_rules(node: dict[str, Any], removed: Callable[[str], bool], path: st
 
 def apply(variant: str) -> None:
     crd = yaml.safe_load(CRD.read_text())
-    without_rules(crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"], VARIANTS[variant])
+    VARIANTS[variant](crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"])
     subprocess.run(
         [KUBECTL, "apply", "--server-side", "--force-conflicts", "-f", "-"],
         input=json.dumps(crd),

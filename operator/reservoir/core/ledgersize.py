@@ -1,8 +1,9 @@
 """How big an envelope's ledger may grow: its status must always fit in one etcd object.
 
-etcd refuses an object above ~1.5 MiB, and the API server stores the status twice over in
-effect (the status itself, plus its managedFields, measured at about 0.75 of the status).
-So the ledger keeps a byte budget for its status JSON, and admits a claim (or records an
+etcd refuses an object above ~1.5 MiB. The API server once stored the status twice over
+in effect (the status itself, plus its managedFields, measured at about 0.75 of the
+status); since the schema makes the status one unit of field management, its
+managedFields are a few hundred bytes, and the budget below keeps that margin. So the ledger keeps a byte budget for its status JSON, and admits a claim (or records an
 entry for a claim that never held anything) only while the budget has room for the
 entry's *largest possible* future: every map it can still gain (usage, consumed,
 released, the late-report baseline, an overrun's usage and excess) at the longest
@@ -34,7 +35,7 @@ from reservoir.core.model import (
     ReservationEnvelopeStatus,
 )
 
-# The status JSON; with managedFields and the rest of the object, about 1.1 MiB stored.
+# The status JSON: the object stays well under etcd's limit, managedFields or not.
 LEDGER_BYTES_BUDGET = 640 * 1024
 LONGEST_QUANTITY = len('"1000000000000000000.000000000"')  # 1E with nine decimals, quoted
 ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
