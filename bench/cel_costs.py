@@ -150,6 +150,7 @@ async def main() -> dict[str, list[float]]:
                 print(f"{variant}: {ms:.2f} ms of API server CPU a status write", flush=True)
     finally:
         apply("as shipped")
+        await client.close()
     return figures
 
 
