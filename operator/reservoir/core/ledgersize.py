@@ -3,8 +3,9 @@
 etcd refuses an object above ~1.5 MiB. The API server once stored the status twice over
 in effect (the status itself, plus its managedFields, measured at about 0.75 of the
 status); since the schema makes the status one unit of field management, its
-managedFields are a few hundred bytes, and the budget below keeps that margin. So the ledger keeps a byte budget for its status JSON, and admits a claim (or records an
-entry for a claim that never held anything) only while the budget has room for the
+managedFields are a few hundred bytes, and the budget below keeps that margin. So the
+ledger keeps a byte budget for its status JSON, and admits a claim (or records an entry
+for a claim that never held anything) only while the budget has room for the
 entry's *largest possible* future: every map it can still gain (usage, consumed,
 released, the late-report baseline, an overrun's usage and excess) at the longest
 quantity, over the envelope's resources, plus every scalar it can still gain. Reports are
