@@ -13,6 +13,11 @@ the woken waiters going back to sleep before its first ledger write.
 that notify only when the set's state changes, which is exactly when a waiter's predicate
 (`is_on() == state`) can change. A single toggle's own waiters are woken by its own
 `turn_to`, which is untouched. Applied once, before `kopf.run`.
+
+Offered upstream as `hack/upstream/kopf-toggleset-notify-on-change.patch`: this module goes
+once a kopf release carries it. Claims and their Leases no longer go through kopf's
+per-object toggles (they have informers of their own), but envelopes do, thousands of them
+in one pool.
 """
 
 from __future__ import annotations
