@@ -169,3 +169,24 @@ def test_a_stuck_envelope_reports_each_refusal_once_and_keeps_few(
     asyncio.run(scenario())
     assert len(events) == REFUSALS_KEPT * 3
     assert len(w._reported_refusals[("team-a", "wf")]) <= REFUSALS_KEPT
+
+
+def test_a_line_is_kept_for_an_envelope_whose_deletion_handler_is_between_calls(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """kopf calls a deletion handler again a second (or 30 s) after it hands back: a claim
+    deleted in between keeps its line for the next call's pass, until the envelope has
+    gone unkept for LET_GO_SECONDS."""
+    clock = Monotonic()
+    monkeypatch.setattr(time, "monotonic", clock)
+    w = writer()
+    with w.keeping("team-a", "going"):
+        pass  # one call of the deletion handler, handed back to kopf
+    w.saw_deleted("c1", deleted_claim("c1", "going", "going-uid"))
+    assert set(w.departed("team-a", "going", "going-uid")) == {"c1"}
+    clock.now += LET_GO_SECONDS + 1
+    with w.keeping("team-b", "other"):  # a daemon starts: the sweep runs
+        pass
+    assert w.departed("team-a", "going", "going-uid") == {}
+    w.saw_deleted("c2", deleted_claim("c2", "going", "going-uid"))
+    assert w.departed("team-a", "going", "going-uid") == {}

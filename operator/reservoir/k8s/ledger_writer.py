@@ -422,9 +422,11 @@ class LedgerWriter:
     def saw_deleted(self, uid: str, body: Mapping[str, Any] | None = None) -> None:
         """The watch delivered a claim's deletion (no GET needed to know it is gone), with
         the claim's last state: a line it still held is kept for its envelope's next pass,
-        if a pass of that envelope runs (its daemon or deletion handler holds its trigger).
-        Not otherwise: a tenant's claims may name any envelope, and a line kept for one
-        that no pass reads was kept for the operator's life. (An envelope's pass that finds
+        if a pass of that envelope runs (its daemon or deletion handler holds its trigger)
+        or ran lately (a deletion handler between two of kopf's calls: found by review, the
+        line dropped there left a lost line that only a person could settle). Not
+        otherwise: a tenant's claims may name any envelope, and a line kept for one that no
+        pass reads was kept for the operator's life. (An envelope's pass that finds
         its claim gone without the line keeps what it held, as a lost line: never
         returned on a guess.)"""
         self._awaiting.discard(uid)
@@ -439,7 +441,7 @@ class LedgerWriter:
         status = body.get("status") or {}
         envelope = str((body.get("spec") or {}).get("envelope") or "")
         namespace = str(body["metadata"].get("namespace") or "")
-        if not self.kept(namespace, envelope):
+        if not self.kept(namespace, envelope) and (namespace, envelope) not in self._let_go:
             return
         bound = status.get("envelopeUid") if isinstance(status, Mapping) else None
         departed = self._departed.setdefault((namespace, envelope), {})
