@@ -51,6 +51,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# `kubectl wait --for=condition=...` fails at once, where it would wait, on an object whose
+# `status.conditions` is null: a CRD just created, before the API server marks it (seen in
+# CI on a busy machine). Asked again for this long.
+NULL_CONDITIONS = "accessor error: <nil> is of the type <nil>"
+KUBECTL_WAIT_RETRY_SECONDS = 60.0
 REPO = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = REPO / "hack" / "tools" / "build.sh"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
@@ -569,16 +574,22 @@ class LocalCluster:
 
     def kubectl(self, *args: str, input: str | None = None) -> str:
         binaries = self.binaries or build_binaries()
-        result = subprocess.run(
-            [str(binaries / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
-            input=input,
-            capture_output=True,
-            text=True,
-            check=False,
-        )
-        if result.returncode != 0:
+        deadline = time.monotonic() + KUBECTL_WAIT_RETRY_SECONDS
+        while True:
+            result = subprocess.run(
+                [str(binaries / "kubectl"), "--kubeconfig", str(self.kubeconfig), *args],
+                input=input,
+                capture_output=True,
+                text=True,
+                check=False,
+            )
+            if result.returncode == 0:
+                return result.stdout
+            null_conditions = args[:1] == ("wait",) and NULL_CONDITIONS in result.stderr
+            if null_conditions and time.monotonic() < deadline:
+                time.sleep(0.5)
+                continue
             raise ClusterError(f"kubectl {' '.join(args)} failed: {result.stderr.strip()}")
-        return result.stdout
 
     # - internals -
 
