@@ -179,8 +179,7 @@ async def settle_children_before_removal(
             waiting = still_waiting(services, namespace, result)
             if waiting is None:
                 await own_claims(services, namespace, body)
-                metrics.envelopes.forget(namespace, name)  # its series go with it
-                services.writer.forget(namespace, name)
+                services.writer.forget(namespace, name)  # its gauges' series go with it
                 # Its parent retires the line it holds for this envelope on its next pass,
                 # and makes room for the next ones (a pool settles 256 at a time).
                 services.writer.poke_parent(namespace, result.status.parent)

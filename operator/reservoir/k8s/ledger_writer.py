@@ -457,7 +457,8 @@ class LedgerWriter:
         }
 
     def forget(self, namespace: str, envelope: str) -> None:
-        """The envelope is going: what this writer kept about it goes too."""
+        """The envelope is going: what this writer kept about it goes too, and its gauges'
+        series with it."""
         kept_by_envelope = (
             self._parsed, self._quiet, self._told, self._gone, self._deferred,
             self._departed, self._reported_refusals,
@@ -465,6 +466,7 @@ class LedgerWriter:
         for kept in kept_by_envelope:
             kept.pop((namespace, envelope), None)
         self._triggers.forget((namespace, envelope))
+        metrics.envelopes.forget(namespace, envelope)
 
     @contextlib.contextmanager
     def keeping(self, namespace: str, envelope: str) -> Iterator[Trigger]:
@@ -495,7 +497,6 @@ class LedgerWriter:
             if now - since > LET_GO_SECONDS:
                 del self._let_go[key]
                 self.forget(*key)
-                metrics.envelopes.forget(*key)
 
     def kept(self, namespace: str, envelope: str) -> bool:
         """Whether a poke reaches a pass of the envelope: its daemon runs, or its deletion
@@ -583,7 +584,6 @@ class LedgerWriter:
         Leases and pods, and its devices. None: the envelope is gone."""
         envelope = await get_object(self.client, ReservationEnvelope, name, namespace)
         if envelope is None:
-            metrics.envelopes.forget(namespace, name)
             self.forget(namespace, name)
             return None
         try:
