@@ -13,6 +13,7 @@ contracts"). With every permit back, the agent runs four follow-up calls at once
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import time
@@ -110,22 +111,33 @@ def main() -> None:
         for tool in TOOLS:
             if tool not in SELECTED:
                 reservoir.wait(claims[tool], phase="Released")
-        for tool in SELECTED:
-            claims[tool] = reservoir.dispatch(reservoir.wait(claims[tool], phase="Tentative"))
-        say(
-            f"pruned capacity is back at once; the two dispatched: available {available(reservoir)}"
-        )
-
-        for tool, (tokens, cost) in SELECTED.items():
-            claim = reservoir.wait(claims[tool], phase="Committed")
-            claim = reservoir.report_usage(claim, {"tokens": "1k", "cost": "0.01"})
-            reservoir.finish(reservoir.get(claim), {"tokens": tokens, "cost": cost})
-            settled = reservoir.wait(claim, phase="Consumed")
+        # Each selected branch's worker keeps its lease alive while it runs: renewed in the
+        # background, and given up (lease.require() raising) before it could lapse unseen.
+        with contextlib.ExitStack() as kept:
+            leases = {
+                tool: kept.enter_context(
+                    reservoir.keep_alive(reservoir.wait(claims[tool], phase="Tentative"))
+                )
+                for tool in SELECTED
+            }
+            for tool, lease in leases.items():
+                lease.require()  # the tool is called only on a lease still vouched for
+                claims[tool] = reservoir.dispatch(lease.claim)
             say(
-                f"{tool} finished: consumed {settled.status.consumed['tokens']} tokens, "
-                f"returned {settled.status.released['tokens']} and its permit "
-                f"(concurrency {settled.status.released.get('concurrency', 0)} returned)"
+                f"pruned capacity is back at once; the two dispatched, their leases kept "
+                f"alive: available {available(reservoir)}"
             )
+
+            for tool, (tokens, cost) in SELECTED.items():
+                claim = reservoir.wait(claims[tool], phase="Committed")
+                claim = reservoir.report_usage(claim, {"tokens": "1k", "cost": "0.01"})
+                reservoir.finish(reservoir.get(claim), {"tokens": tokens, "cost": cost})
+                settled = reservoir.wait(claim, phase="Consumed")
+                say(
+                    f"{tool} finished: consumed {settled.status.consumed['tokens']} tokens, "
+                    f"returned {settled.status.released['tokens']} and its permit "
+                    f"(concurrency {settled.status.released.get('concurrency', 0)} returned)"
+                )
         say(f"every permit is back: available {available(reservoir)}")
 
         say(f"the next step: {len(FOLLOW_UPS)} follow-up calls at once, one permit each")

@@ -31,7 +31,6 @@ from reservoir.core.model import (
     API_GROUP,
     API_VERSION,
     CLAIM_SPEC_RULES,
-    EXECUTION_FACTS_UNCHANGED,
     BranchClaimSpec,
     BranchClaimStatus,
     ReservationEnvelopeSpec,
@@ -39,6 +38,7 @@ from reservoir.core.model import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
+from reservoir.lease_fence_rules import lease_fence_validations, lease_fence_variables
 
 DATE_TIME_LENGTH = 64
 MAX_PEERS = 64  # operator replicas sharing one peering object
@@ -234,6 +234,8 @@ def claim_crd() -> dict[str, Any]:
             column("Devices-Free", ".status.placement.devicesReleased", "boolean", priority=1),
             column("Lease-Expires", ".status.ledger.expiresAt"),
             column("Settled", ".status.ledger.settlement.reason", priority=1),
+            column("Group", ".spec.speculationGroup", priority=1),
+            column("Superseded-By", ".status.ledger.supersededBy", priority=1),
             column("Provider", ".status.ledger.provider.state", priority=1),
             column("Age", ".metadata.creationTimestamp", "date"),
         ],
@@ -296,11 +298,14 @@ def claim_admission_policy() -> list[dict[str, Any]]:
     cannot change; this policy matches writes of the claim itself (not its status
     subresource), and only those that change the spec.
 
-    A deletion is a prune, so a claim being deleted cannot be dispatched afterwards, nor
-    (if not dispatched first) report that it ran. The operator then reads the same
-    settlement whether it saw the deletion first or not."""
+    A deletion is a prune, so a claim being deleted cannot be dispatched afterwards (nor,
+    never having reached its commit point, report that it ran: a fencing rule below). The
+    operator then reads the same settlement whether it saw the deletion first or not.
+
+    Fencing (reservoir.lease_fence_rules): a dispatch or report carries the current lease,
+    a settled claim is never dispatched, and one that never reached its commit point
+    reports nothing."""
     name = f"branchclaims.{API_GROUP}"
-    dispatched = "(has(oldObject.spec.dispatch) && oldObject.spec.dispatch)"
     deleting = "oldObject == null || !has(oldObject.metadata.deletionTimestamp)"
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
@@ -326,21 +331,15 @@ def claim_admission_policy() -> list[dict[str, Any]]:
                     "expression": "oldObject == null || object.spec != oldObject.spec",
                 }
             ],
+            "variables": lease_fence_variables(),
             "validations": [
                 *(policy_validation(rule) for rule in CLAIM_SPEC_RULES),
+                *lease_fence_validations(),
                 {
                     "expression": f"{deleting} || "
                     "(has(object.spec.dispatch) && object.spec.dispatch) == "
                     "(has(oldObject.spec.dispatch) && oldObject.spec.dispatch)",
                     "message": "a claim being deleted cannot be dispatched: create a new claim",
-                },
-                {
-                    "expression": f"{deleting} || {dispatched} || "
-                    "(has(oldObject.spec.commitPoint) && "
-                    "oldObject.spec.commitPoint != 'Dispatch') || "
-                    f"({over_claims(EXECUTION_FACTS_UNCHANGED)})",
-                    "message": "a claim deleted before dispatch never ran: it cannot report "
-                    "usage or a provider start",
                 },
             ],
         },

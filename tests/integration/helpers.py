@@ -9,7 +9,7 @@ import random
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 from typing import Any, TypeVar
@@ -21,6 +21,7 @@ from reservoir.core.claimstatus import settled_record
 from reservoir.core.inflight import newest
 from reservoir.core.model import LedgerEntry
 from reservoir.sdk import ClaimView, EnvelopeView, LeaseUncertainError, Reservoir, StaleClaimError
+from reservoir.sdk.patches import lease_fence
 from tests.clusters import ClusterHandle
 
 T = TypeVar("T")
@@ -250,3 +251,10 @@ def value(found: Samples, name: str, **labels: str) -> float | None:
 def metric(port: int, name: str, **labels: str) -> float:
     """One sample's value on the operator's /metrics, 0 if it has none."""
     return value(samples(scrape(port)), name, **labels) or 0.0
+
+
+def under_lease(claim: Mapping[str, Any], spec: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec` (a merge patch of a claim's spec) written under the claim's current lease, as
+    the API server requires of a dispatch or a report (reservoir.lease_fence_rules):
+    `spec.lease.fence` is the lease `claim` (the object as read) shows."""
+    return {**spec, "lease": {**dict(spec.get("lease") or {}), "fence": lease_fence(claim)}}

@@ -400,6 +400,31 @@ def test_a_tenant_cannot_use_what_is_the_operators(
     )
     workload = manifest("Pod", "work", ns, gated, labels={"reservoir.dev/claim": "c"})
     allowed(me, "create", "-f", "-", input=workload)
+    # A workload pod without devices waits behind the gate too (issue 24): created without
+    # it, it could start for a claim that holds nothing.
+    ungated = manifest("Pod", "early", ns, pause_pod(), labels={"reservoir.dev/claim": "c"})
+    denied(
+        me,
+        f"{prefix}-claim-devices",
+        "must be created behind the scheduling gate",
+        "create",
+        "-f",
+        "-",
+        input=ungated,
+    )
+    # Nor labelled for a claim once it is past any gate (a gate cannot be added later).
+    allowed(me, "create", "-f", "-", input=manifest("Pod", "plain", ns, pause_pod()))
+    denied(
+        me,
+        f"{prefix}-claim-devices",
+        "cannot be added, changed or removed",
+        "label",
+        "pod",
+        "plain",
+        "-n",
+        ns,
+        "reservoir.dev/claim=c",
+    )
     denied(
         me,
         f"{prefix}-claim-devices",

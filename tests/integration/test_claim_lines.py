@@ -14,6 +14,7 @@ from reservoir.core.claimstatus import expanded, settled_record, settled_view
 from reservoir.core.inflight import IN_FLIGHT_LIMIT
 from reservoir.core.model import BranchClaimStatus, ClaimPhase
 from reservoir.sdk import Reservoir
+from reservoir.sdk.patches import lease_fence
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess, StartOperator
 from tests.integration.helpers import create_envelope, eventually, records
@@ -308,18 +309,19 @@ def test_a_claim_settled_before_its_line_was_written_once_keeps_its_record(
         timeout=60,
     )
     operator.stop()
-    # "u": a third claim whose status is t's record in the old shape (the fields beside no
+    # "u": a third claim whose status is s's record in the old shape (the fields beside no
     # line; its settlement keyed to u), as a claim settled by the old operator carries it.
     apply_claims(cluster, ns, "old", ["u"])
-    t = claim_of(cluster, ns, "t")
-    facts = {"cancel": True}
+    s = claim_of(cluster, ns, "s")
+    facts = {"dispatch": True, "usage": {"tokens": "1"}, "final": True, "outcome": "Succeeded"}
+    facts["lease"] = {"fence": {"generation": 0}}  # no lease yet: generation 0
     cluster.kubectl("patch", "bclaim", "u", "-n", ns, "--type=merge", "-p",
                     json.dumps({"spec": facts}))  # fmt: skip
     u = json.loads(cluster.kubectl("get", "bclaim", "u", "-n", ns, "-o", "json"))
-    old_status = expanded(BranchClaimStatus.model_validate(t["status"])).to_api()
+    old_status = expanded(BranchClaimStatus.model_validate(s["status"])).to_api()
     old_status.pop("ledger")
     old_status["settlement"]["key"] = old_status["settlement"]["key"].replace(
-        t["metadata"]["uid"], u["metadata"]["uid"]
+        s["metadata"]["uid"], u["metadata"]["uid"]
     )
     cluster.kubectl(
         "patch", "bclaim", "u", "-n", ns, "--subresource=status", "--type=json",
@@ -329,17 +331,19 @@ def test_a_claim_settled_before_its_line_was_written_once_keeps_its_record(
     record = settled_record(
         BranchClaimStatus.model_validate(old_status), u["metadata"]["uid"], "u", 1
     )
-    assert record is not None and record.released == {"tokens": Decimal(1)}
+    assert record is not None and record.consumed == {"tokens": Decimal(1)}
 
     start_operator()
     # Nothing about it moves: its status stays as it was, and it reads as before.
     eventually("the operator's first pass", lambda: sdk.get("s").settled, timeout=60)
-    assert sdk.get("u").status.released == {"tokens": Decimal(1)}, "read as before"
+    assert sdk.get("u").status.consumed == {"tokens": Decimal(1)}, "read as before"
     assert records(sdk, "old")["u"].settlement == record.settlement
     # A result reported after it settled moves it: the operator's write carries the record
     # as its line, once.
+    fence = lease_fence(claim_of(cluster, ns, "u"))  # its lease as its old status shows it
+    late = {"result": "s3://b/late", "lease": {"fence": fence}}
     cluster.kubectl("patch", "bclaim", "u", "-n", ns, "--type=merge", "-p",
-                    json.dumps({"spec": {"result": "s3://b/late"}}))  # fmt: skip
+                    json.dumps({"spec": late}))  # fmt: skip
     eventually(
         "u to carry its record as its line",
         lambda: "ledger" in claim_of(cluster, ns, "u")["status"],
@@ -355,6 +359,6 @@ def test_a_claim_settled_before_its_line_was_written_once_keeps_its_record(
     # The claims settled by this operator carry their line once, and nothing moved.
     for name in ("s", "t"):
         status = claim_of(cluster, ns, name)["status"]
-        assert set(status) <= {"phase", "conditions", "placement", "queueReason", "ledger",
+        assert set(status) <= {"phase", "conditions", "placement", "queueReason", "ledger", "lease",
                                "envelopeUid", "observedGeneration"}, sorted(status)  # fmt: skip
     assert envelope_of(cluster, ns, "old")["status"]["totals"] == before

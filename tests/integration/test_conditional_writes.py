@@ -67,8 +67,9 @@ def test_a_status_patch_applies_over_a_spec_write_but_never_over_another_status(
         assert first["status"] == {"phase": "Pending"}  # the CRD's default, unwritten
         # The SDK dispatches on the ledger's word before the first status is written:
         # the resourceVersion moves, the (default) status read still stands.
+        fenced = {"dispatch": True, "lease": {"fence": {"generation": 0}}}  # no lease yet
         await client.patch(
-            BranchClaim, "s", {"spec": {"dispatch": True}}, namespace=ns, patch_type=PatchType.MERGE
+            BranchClaim, "s", {"spec": fenced}, namespace=ns, patch_type=PatchType.MERGE
         )
         await write_status(client, ns, first, {"phase": "Tentative"})
         read = await body(client, ns, "s")

@@ -376,6 +376,9 @@ CLAIM_SPEC: JsonDict = {
     "branch": "search",
     "attempt": 3,  # not the default (1): removing the field would have to change it
     "requests": {"tokens": "20k", "cost": "1"},
+    # The lease a dispatch or report is made under (reservoir.lease_fence_rules): with no
+    # operator here, no status.lease is written, so generation 0 is the current one.
+    "lease": {"fence": {"generation": 0}},
 }
 ENVELOPE_SPEC: JsonDict = {"capacity": {"tokens": "100k", "cost": "12.50"}}
 POOL_SPEC: JsonDict = {"capacity": {"tokens": "1M", "cost": "100"}, "namespaces": ["a", "b"]}
@@ -388,6 +391,7 @@ def keeps_all(*path: str) -> Invariant:
 
 
 FINAL: JsonDict = {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}
+SENT_FINAL: JsonDict = {**FINAL, "dispatch": True}  # a report needs its commit point
 UNCANCEL: tuple[JsonDict, ...] = ({"spec": {"cancel": False}},)
 UNFINAL: tuple[JsonDict, ...] = ({"spec": {"final": False}},)
 NEVER_RAN_READS: tuple[FieldPath, ...] = (
@@ -482,17 +486,24 @@ CASES = [
          admission=True),
     Case("final-undone", "BranchClaim", (), "cannot be un-finalized",
          {"spec": {"final": False}}, stays_true("spec", "final"),
-         spec=FINAL, reads=(("spec", "outcome"),), detours=({"spec": {"outcome": "Failed"}},),
+         spec=SENT_FINAL, reads=(("spec", "outcome"),), detours=({"spec": {"outcome": "Failed"}},),
          admission=True),
     Case("outcome-changed-once-final", "BranchClaim", (), "outcome cannot change",
          {"spec": {"outcome": "Failed"}}, unchanged("spec", "outcome"),
-         spec=FINAL, reads=(("spec", "final"),), detours=UNFINAL, admission=True),
+         spec=SENT_FINAL, reads=(("spec", "final"),), detours=UNFINAL, admission=True),
     Case("usage-changed-once-final", "BranchClaim", (), "usage cannot change",
          {"spec": {"usage": {"tokens": "6"}}}, unchanged("spec", "usage"),
-         spec=FINAL, reads=(("spec", "final"),), detours=UNFINAL, admission=True),
+         spec=SENT_FINAL, reads=(("spec", "final"),), detours=UNFINAL, admission=True),
     Case("dispatch-after-final", "BranchClaim", (), "made its final report is not sent",
          {"spec": {"dispatch": True}}, unchanged("spec", "dispatch"),
          spec=FINAL, reads=(("spec", "final"),), detours=UNFINAL, admission=True),
+    Case("deadline-changed", "BranchClaim", (), "upstream.deadline is set once",
+         {"spec": {"upstream": {"deadline": "2030-01-01T00:00:00Z"}}},
+         unchanged("spec", "upstream", "deadline"),
+         spec={"upstream": {"deadline": "2029-01-01T00:00:00Z"}}, admission=True),
+    Case("deadline-removed", "BranchClaim", (), "upstream.deadline is set once",
+         {"spec": {"upstream": {"deadline": None}}}, unchanged("spec", "upstream", "deadline"),
+         spec={"upstream": {"deadline": "2029-01-01T00:00:00Z"}}, admission=True),
     Case("ref-changed", "BranchClaim", (), "upstream.ref is set once",
          {"spec": {"upstream": {"ref": {"name": "job-2"}}}}, unchanged("spec", "upstream", "ref"),
          spec={"upstream": {"ref": {"name": "job-1"}}}, admission=True),
@@ -513,10 +524,10 @@ CASES = [
          spec={"upstream": {"operationId": "op-1"}}, admission=True),
     Case("result-changed", "BranchClaim", (), "result is set once",
          {"spec": {"result": "s3://b/other"}}, unchanged("spec", "result"),
-         spec={"result": "s3://b/out"}, admission=True),
+         spec={"result": "s3://b/out", "dispatch": True}, admission=True),
     Case("result-removed", "BranchClaim", (), "result is set once",
          {"spec": {"result": None}}, unchanged("spec", "result"),
-         spec={"result": "s3://b/out"}, admission=True),
+         spec={"result": "s3://b/out", "dispatch": True}, admission=True),
     Case("retry-window-changed", "BranchClaim", (), "retryWindowSeconds is fixed",
          {"spec": {"retryWindowSeconds": 30}}, unchanged("spec", "retryWindowSeconds"),
          spec={"retryWindowSeconds": 60}, admission=True),
@@ -527,6 +538,16 @@ CASES = [
     # tried too, as when the rule sat on the spec's schema.
     Case("retry-window-added", "BranchClaim", (), "retryWindowSeconds is fixed",
          {"spec": {"retryWindowSeconds": 60}}, unchanged("spec", "retryWindowSeconds"),
+         reads=(("spec",),), adds=True, admission=True),
+    # A copy's speculation group is what it competes in: fixed at creation (issue 24).
+    Case("speculation-group-changed", "BranchClaim", (), "speculationGroup is fixed",
+         {"spec": {"speculationGroup": "other"}}, unchanged("spec", "speculationGroup"),
+         spec={"speculationGroup": "search"}, admission=True),
+    Case("speculation-group-removed", "BranchClaim", (), "speculationGroup is fixed",
+         {"spec": {"speculationGroup": None}}, unchanged("spec", "speculationGroup"),
+         spec={"speculationGroup": "search"}, admission=True),
+    Case("speculation-group-added", "BranchClaim", (), "speculationGroup is fixed",
+         {"spec": {"speculationGroup": "search"}}, unchanged("spec", "speculationGroup"),
          reads=(("spec",),), adds=True, admission=True),
     Case("settlement-changed", "BranchClaim", (), "status.settlement",
          {"status": {"settlement": {"reason": "Forged"}}}, unchanged("status", "settlement"),
@@ -573,10 +594,10 @@ CASES = [
          {"spec": {"commitPoint": "PodRunning"}}, unchanged("spec", "commitPoint")),
     Case("upstream-state-backwards", "BranchClaim", (), "upstream.state is a fact",
          {"spec": {"upstream": {"state": "Submitted"}}}, unchanged("spec", "upstream", "state"),
-         spec={"upstream": {"state": "Running"}}, admission=True),
+         spec={"upstream": {"state": "Running"}, "dispatch": True}, admission=True),
     Case("upstream-state-removed", "BranchClaim", (), "upstream.state is a fact",
          {"spec": {"upstream": {"state": None}}}, unchanged("spec", "upstream", "state"),
-         spec={"upstream": {"state": "Accepted"}}, admission=True),
+         spec={"upstream": {"state": "Accepted"}, "dispatch": True}, admission=True),
     Case("envelope-reopened", "ReservationEnvelope", ("spec", "state"), "cannot be reopened",
          {"spec": {"state": "Open"}}, unchanged("spec", "state"),
          spec={"state": "Closed"}),
@@ -617,13 +638,18 @@ CASES = [
     Case("compensation-replaced", "BranchClaim", ("spec", "compensations"), "append-only",
          {"spec": {"compensations": [{**REFUND, "key": "refund-2"}]}},
          unchanged("spec", "compensations"), spec={"compensations": [REFUND]}),
-    # A branch cancelled before its commit point never ran: no usage, no provider start.
-    Case("usage-after-cancel-before-dispatch", "BranchClaim", (), "cancelled before",
+    # A branch that never reached its commit point never ran: no usage, no provider start,
+    # cancelled, deleted or not (reservoir.lease_fence_rules).
+    Case("usage-before-the-commit-point", "BranchClaim", (), "for work that never started",
+         {"spec": {"usage": {"tokens": "5"}}}, unchanged("spec", "usage"),
+         spec={"usage": {"tokens": "1"}}, reads=NEVER_RAN_READS[1:],
+         detours=({"spec": {"commitPoint": "PodScheduled"}},), admission=True),
+    Case("usage-after-cancel-before-dispatch", "BranchClaim", (), "for work that never started",
          {"spec": {"usage": {"tokens": "5"}}}, unchanged("spec", "usage"),
          spec={"cancel": True, "usage": {"tokens": "1"}}, reads=NEVER_RAN_READS,
          detours=NEVER_RAN_DETOURS, admission=True),
     Case("provider-start-after-cancel-before-dispatch", "BranchClaim", (),
-         "cancelled before", {"spec": {"upstream": {"state": "Running"}}},
+         "for work that never started", {"spec": {"upstream": {"state": "Running"}}},
          unchanged("spec", "upstream", "state"),
          spec={"cancel": True, "upstream": {"state": "Submitted"}}, reads=NEVER_RAN_READS,
          detours=NEVER_RAN_DETOURS, admission=True),
@@ -632,15 +658,27 @@ CASES = [
     Case("dispatch-while-deleting", "BranchClaim", (), "being deleted cannot be dispatched",
          {"spec": {"dispatch": True}}, unchanged("spec", "dispatch"),
          admission=True, deleting=True, detours=({"spec": {"cancel": True}},)),
-    Case("usage-after-delete-before-dispatch", "BranchClaim", (), "deleted before dispatch",
+    Case("usage-after-delete-before-dispatch", "BranchClaim", (), "for work that never started",
          {"spec": {"usage": {"tokens": "5"}}}, unchanged("spec", "usage"),
          spec={"usage": {"tokens": "1"}}, reads=NEVER_RAN_READS[1:],
          detours=NEVER_RAN_DETOURS, admission=True, deleting=True),
     Case("provider-start-after-delete-before-dispatch", "BranchClaim", (),
-         "deleted before dispatch", {"spec": {"upstream": {"state": "Running"}}},
+         "for work that never started", {"spec": {"upstream": {"state": "Running"}}},
          unchanged("spec", "upstream", "state"),
          spec={"upstream": {"state": "Submitted"}}, reads=NEVER_RAN_READS[1:],
          detours=NEVER_RAN_DETOURS, admission=True, deleting=True),
+    # Fencing (reservoir.lease_fence_rules): a dispatch or report carries the current lease,
+    # and a settled claim is never dispatched.
+    Case("dispatch-with-a-stale-fence", "BranchClaim", (), "must carry the current lease",
+         {"spec": {"dispatch": True}}, unchanged("spec", "dispatch"),
+         spec={"lease": {"holder": "w", "fence": {"holder": "w", "generation": 1}}},
+         status={"lease": {"holder": "w", "generation": 2}},
+         reads=(("spec", "lease", "fence"), ("spec", "lease", "holder"), ("status", "lease")),
+         detours=({"spec": {"lease": {"holder": "w-2"}}},), admission=True),
+    Case("dispatch-after-settlement", "BranchClaim", (), "nothing holds capacity for",
+         {"spec": {"dispatch": True}}, unchanged("spec", "dispatch"),
+         status={"phase": "Consumed", "ledger": SETTLED_LINE},
+         reads=(("status", "ledger", "settlement"), ("status", "phase")), admission=True),
 ]  # fmt: skip
 
 # Rules without oldSelf: a forbidden value, by kind and a part of the rule's message. The

@@ -40,7 +40,15 @@ def claim(name: str = "a", **spec: Any) -> dict[str, Any]:
         "apiVersion": API,
         "kind": "BranchClaim",
         "metadata": {"name": name},
-        "spec": {"envelope": "wf", "branch": "search", "requests": {"tokens": "20k"}, **spec},
+        "spec": {
+            "envelope": "wf",
+            "branch": "search",
+            "requests": {"tokens": "20k"},
+            # No operator runs here: no status.lease, so generation 0 is the current lease a
+            # dispatch or report is fenced on (reservoir.lease_fence_rules).
+            "lease": {"fence": {"generation": 0}},
+            **spec,
+        },
     }
 
 
@@ -176,6 +184,7 @@ def test_bad_envelopes_are_rejected_with_a_clear_message(
 
 # --- transition rules (oldSelf) ------------------------------------------------------------
 
+SENT = {"dispatch": True}  # a report needs the claim past its commit point
 BAD_CLAIM_UPDATES = [
     ("dispatch undone", [{"dispatch": True}], {"dispatch": False}, "dispatch is a fact"),
     ("dispatch removed", [{"dispatch": True}], {"dispatch": None}, "dispatch is a fact"),
@@ -184,19 +193,25 @@ BAD_CLAIM_UPDATES = [
     ("dispatch after cancel", [{"cancel": True}], {"dispatch": True},
      "a cancelled branch cannot be dispatched"),
     ("usage after cancel before dispatch", [{"cancel": True}], {"usage": {"tokens": "1"}},
-     "cancelled before dispatch never ran"),
-    ("usage decreases", [{"usage": {"tokens": "5"}}], {"usage": {"tokens": "4"}}, "cumulative"),
-    ("usage dimension dropped", [{"usage": {"tokens": "5", "cost": "1"}}],
+     "has not reached its commit point"),
+    ("usage before dispatch", [], {"usage": {"tokens": "1"}}, "has not reached its commit point"),
+    ("dispatch without the lease", [], {"dispatch": True, "lease": {"fence": None}},
+     "no spec.lease.fence"),
+    ("dispatch with an old lease", [], {"dispatch": True, "lease": {"fence": {"generation": 1}}},
+     "generation: 1}, but the lease is"),
+    ("usage decreases", [SENT, {"usage": {"tokens": "5"}}], {"usage": {"tokens": "4"}},
+     "cumulative"),
+    ("usage dimension dropped", [SENT, {"usage": {"tokens": "5", "cost": "1"}}],
      {"usage": {"cost": None}}, "cumulative"),
-    ("usage removed", [{"usage": {"tokens": "5"}}], {"usage": None}, "cumulative"),
-    ("final removed", [{"final": True, "outcome": "Succeeded"}], {"final": None},
+    ("usage removed", [SENT, {"usage": {"tokens": "5"}}], {"usage": None}, "cumulative"),
+    ("final removed", [SENT, {"final": True, "outcome": "Succeeded"}], {"final": None},
      "cannot be un-finalized"),
-    ("final un-finalized", [{"final": True, "outcome": "Succeeded"}], {"final": False},
+    ("final un-finalized", [SENT, {"final": True, "outcome": "Succeeded"}], {"final": False},
      "cannot be un-finalized"),
-    ("outcome changed once final", [{"final": True, "outcome": "Succeeded"}],
+    ("outcome changed once final", [SENT, {"final": True, "outcome": "Succeeded"}],
      {"outcome": "Failed"}, "outcome cannot change once"),
-    ("usage changed once final", [{"final": True, "outcome": "Succeeded",
-                                   "usage": {"tokens": "5"}}],
+    ("usage changed once final", [SENT, {"final": True, "outcome": "Succeeded",
+                                         "usage": {"tokens": "5"}}],
      {"usage": {"tokens": "6"}}, "usage cannot change once the report is final"),
     ("envelope changed", [], {"envelope": "other"}, "envelope is immutable"),
     ("branch changed", [], {"branch": "other"}, "branch is immutable"),

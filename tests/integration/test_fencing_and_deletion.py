@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
 from reservoir.sdk import Reservoir, ReservoirError, StaleClaimError
+from reservoir.sdk.patches import lease_fence
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
 from tests.integration.helpers import (
@@ -17,6 +19,12 @@ from tests.integration.helpers import (
     settled_ledger,
     wait_phase,
 )
+
+FINAL_5 = {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}
+
+
+def claim_of(cluster: ClusterHandle, ns: str, name: str = "x") -> dict[str, Any]:
+    return json.loads(cluster.kubectl("get", "bclaim", name, "-n", ns, "-o", "json"))
 
 
 def exists(cluster: ClusterHandle, ns: str, kind: str, name: str) -> bool:
@@ -83,12 +91,18 @@ def test_a_dispatch_after_expiry_is_refused_and_recorded(
     wait_phase(sdk, claim, "Expired", within=20)
     with pytest.raises(StaleClaimError, match="Expired"):
         sdk.dispatch(sdk.get(claim))
-    # A worker that bypasses the SDK is fenced by the operator, and it is recorded.
-    cluster.kubectl(
-        "patch", "bclaim", "x", "-n", ns, "--type=merge", "-p", '{"spec": {"dispatch": true}}'
+    # A worker that bypasses the SDK is refused by the API server, with the lease it was
+    # granted or without: nothing of it is recorded, and the claim stays Expired.
+    lease = json.loads(
+        cluster.kubectl("get", "bclaim", "x", "-n", ns, "-o", "jsonpath={.status.lease}")
     )
-    eventually("DispatchRefused", lambda: sdk.get(claim).condition("DispatchRefused"))
-    assert sdk.get(claim).phase == "Expired"
+    fence = {"holder": lease["holder"], "generation": lease["generation"]}
+    for spec in ({"dispatch": True}, {"dispatch": True, "lease": {"fence": fence}}):
+        with pytest.raises(RuntimeError, match=r"already settled|spec\.lease\.fence"):
+            cluster.kubectl(
+                "patch", "bclaim", "x", "-n", ns, "--type=merge", "-p", json.dumps({"spec": spec})
+            )
+    assert not sdk.get(claim).spec.dispatch and sdk.get(claim).phase == "Expired"
     settled_ledger(sdk, "wf", reserved="0", available="100")
 
 
@@ -231,7 +245,7 @@ def test_an_envelope_re_created_under_an_old_name_moves_nothing_for_its_claims(
         "--type",
         "merge",
         "-p",
-        json.dumps({"spec": {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}}),
+        json.dumps({"spec": {**FINAL_5, "lease": {"fence": lease_fence(claim_of(cluster, ns))}}}),
     )
     aside = eventually(
         "x set aside", lambda: (v := sdk.get("x")).condition("EnvelopeReplaced") and v

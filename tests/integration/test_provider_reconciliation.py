@@ -30,8 +30,10 @@ from tests.integration.helpers import (
     events_of,
     events_with_messages,
     eventually,
+    ledger_line,
     settled_ledger,
     totals,
+    under_lease,
     wait_phase,
 )
 from tests.integration.provider_server import (
@@ -197,9 +199,12 @@ def job_upstream(job: str) -> dict[str, Any]:
 
 def patch_spec(cluster: ClusterHandle, ns: str, claim: str, spec: dict[str, Any]) -> None:
     """A worker writing its claim directly (as one that comes back late would, without the
-    SDK's checks)."""
+    SDK's checks), under the claim's current lease (`spec.lease.fence`, as the API server
+    requires of a report)."""
+    current = json.loads(cluster.kubectl("get", "bclaim", claim, "-n", ns, "-o", "json"))
+    fenced = under_lease(current, spec)
     cluster.kubectl(
-        "patch", "bclaim", claim, "-n", ns, "--type", "merge", "-p", json.dumps({"spec": spec})
+        "patch", "bclaim", claim, "-n", ns, "--type", "merge", "-p", json.dumps({"spec": fenced})
     )
 
 
@@ -1439,3 +1444,55 @@ def test_a_retry_window_that_closes_returns_the_held_balance(
     wait_phase(sdk, retry, "Tentative")
     assert sdk.get("a1").status.retry == claim.status.retry
     settled_ledger(sdk, "wf", committed="5", reserved="20", available="5")
+
+
+def test_an_accepted_operation_never_started_is_cancelled_at_its_queue_bound(
+    cluster: ClusterHandle,
+    ns: str,
+    operator: OperatorProcess,
+    sdk: Reservoir,
+    provider: ProviderServer,
+) -> None:
+    """Issue 24 (lease-renewal.txt: "Accepted but not started ... Apply an explicit
+    provider-queue policy rather than treating acceptance as execution"): accepted and still
+    queued at the envelope's bound, the operation is cancelled (forwarded once), and the
+    claim settles on the provider's answer, never on the clock alone."""
+    provider.script("op-q", answer("op-q", "Pending"))
+    create_envelope(
+        cluster,
+        ns,
+        "wf",
+        {"tokens": "20"},
+        defaultLeaseSeconds=120,
+        queueBoundSeconds=4,
+        atQueueBound="Cancel",
+        **http_policy(cluster, ns, provider),
+    )
+    upstream = {"operationId": "op-q", "supportsStatus": True, "supportsCancel": True}
+    claim = sdk.hold("wf", "sql", {"tokens": "20"}, name="q", upstream=upstream, dispatch=True)
+    claim = wait_phase(sdk, claim, "Committed")
+    line = ledger_line(sdk, claim)
+    assert line is not None and line.accepted_at is None, "dispatched, not yet accepted"
+    patch_spec(cluster, ns, "q", {"upstream": {"state": "Accepted"}})
+    line = eventually(
+        "the acceptance recorded",
+        lambda: (found := ledger_line(sdk, "q")) is not None and found.accepted_at and found,
+    )
+    assert line.committed_at is not None and line.accepted_at > line.committed_at
+    assert line.started_at is None, "accepted is not started"
+
+    claim = sdk.wait("q", condition="CancelRequested", within=30)
+    line = ledger_line(sdk, claim)
+    assert line is not None and line.queue_bound_at is not None
+    assert "QueueBoundReached" in events_of(cluster, ns, "q")
+    eventually("the cancel forwarded", lambda: provider.cancels("op-q") == 1, timeout=30)
+    assert sdk.get("q").phase is ClaimPhase.COMMITTED, "held until the provider answers"
+    settled_ledger(sdk, "wf", reserved="20", available="0")
+
+    provider.script("op-q", answer("op-q", "NeverStarted"))
+    claim = settled(sdk, "q", within=60)
+    assert claim.phase is ClaimPhase.RELEASED
+    assert claim.status.settlement is not None
+    assert claim.status.settlement.reason == "ProviderNeverStarted"
+    settled_ledger(sdk, "wf", reserved="0", committed="0", available="20")
+    assert provider.cancels("op-q") == 1, "forwarded once"

@@ -27,6 +27,7 @@ from tests.integration.helpers import (
     events_of,
     eventually,
     ledger_line,
+    make_claim,
     settled_ledger,
     wait_phase,
 )
@@ -169,9 +170,13 @@ def test_a_claim_being_deleted_is_neither_dispatched_nor_renewed_nor_charged(
 def test_renew_never_takes_over_a_lease_another_holder_holds(
     cluster: ClusterHandle, ns: str, sdk: Reservoir
 ) -> None:
-    """No operator: only the SDK's own fencing is at work."""
+    """No operator: only the SDK's own fencing is at work. A claim that names no holder:
+    another worker's Lease is never taken over. A claim that names this worker (it was
+    handed the lease): its Lease follows the claim, one transition more."""
     create_envelope(cluster, ns, "wf", {"tokens": "100"})
-    claim = sdk.hold("wf", "x", {"tokens": "10"}, name="x")
+    make_claim(cluster, ns, "x")
+    claim = sdk.get("x")
+    assert claim.spec.lease.holder is None
     beat_as(cluster, ns, claim, "someone-else")
     before = lease_of(cluster, ns, "x")
     assert before is not None
@@ -182,6 +187,14 @@ def test_renew_never_takes_over_a_lease_another_holder_holds(
     assert after is not None
     assert after["spec"] == before["spec"]
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+    named = sdk.hold("wf", "y", {"tokens": "10"}, name="y")
+    beat_as(cluster, ns, named, "someone-else")
+    with pytest.raises(LeaseUncertainError, match="not confirmed"):  # no operator to grant
+        sdk.renew(named, confirm_timeout=1)
+    taken = lease_of(cluster, ns, "y")
+    assert taken is not None and taken["spec"]["holderIdentity"] == sdk.holder
+    assert taken["spec"]["leaseTransitions"] == 4
 
 
 def test_the_operator_grants_no_renewal_to_a_heartbeat_from_another_holder(

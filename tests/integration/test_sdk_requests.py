@@ -186,13 +186,13 @@ def test_a_stale_view_is_refused_by_the_patchs_test_of_the_status(
 
     # The API server itself refuses the stale view's patch: its tests of /status/phase and
     # /status/settlement fail against the stored status, though it writes only the spec.
-    async def send(relies_on: tuple[str, ...]) -> int:
+    async def send(relies_on: tuple[str, ...], spec: dict[str, bool] | None = None) -> int:
         client = sdk._async.client
         try:
             await client.patch(
                 BranchClaim,
                 "x",
-                fenced_patch(stale, {"dispatch": True}, relies_on),
+                fenced_patch(stale, spec or {"dispatch": True}, relies_on),
                 namespace=ns,
                 patch_type=PatchType.JSON,
             )
@@ -216,9 +216,11 @@ def test_a_stale_view_is_refused_by_the_patchs_test_of_the_status(
     assert not current.spec.dispatch and not current.spec.usage
 
     # A test that holds on the stored status lets the spec write through: the whole patch
-    # was applied to the whole object, and only the spec kept.
-    assert loop.run_until_complete(send(())) == 200
-    assert sdk.get("x").spec.dispatch and sdk.get("x").phase == "Released"
+    # was applied to the whole object, and only the spec kept. (A dispatch of the settled
+    # claim is the API server's to refuse now: a cancel is written by anyone, any time.)
+    assert loop.run_until_complete(send((), {"dispatch": True})) == 422
+    assert loop.run_until_complete(send((), {"cancel": True})) == 200
+    assert sdk.get("x").spec.cancel and sdk.get("x").phase == "Released"
 
 
 def keep_deleting(cluster: ClusterHandle, ns: str, envelope: str) -> None:

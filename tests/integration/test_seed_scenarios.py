@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from decimal import Decimal
 
@@ -16,8 +17,11 @@ from tests.integration.helpers import (
     records,
     settled_ledger,
     totals,
+    under_lease,
     wait_phase,
 )
+
+FINAL_5 = {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}
 
 
 def test_dynamic_branches_pruned_capacity_returns_before_the_workflow_ends(
@@ -259,7 +263,7 @@ def test_at_the_ambiguity_deadline_the_policy_is_applied_and_recorded(
         ns,
         "--type=merge",
         "-p",
-        '{"spec": {"usage": {"tokens": "5"}, "final": true, "outcome": "Succeeded"}}',
+        json.dumps({"spec": under_lease(sdk.get(claim).body or {}, FINAL_5)}),
     )
     eventually("the late report", lambda: sdk.get(claim).condition("LateReport"))
     settled_ledger(sdk, "deadline", committed="5", available="95")

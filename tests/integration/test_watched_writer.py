@@ -20,7 +20,7 @@ from reservoir.k8s.facts import as_dict
 from reservoir.k8s.ledger_writer import LedgerWriter
 from reservoir.k8s.resources import BranchClaim, ReservationEnvelope
 from tests.clusters import ClusterHandle
-from tests.integration.helpers import create_envelope, make_claim
+from tests.integration.helpers import create_envelope, make_claim, under_lease
 from tests.integration.helpers import with_client as run
 
 START = datetime.now(UTC).replace(microsecond=0)
@@ -63,10 +63,11 @@ def test_a_stale_copy_of_a_settled_and_compacted_claim_is_not_admitted_again(
         created = await claim_body(client, ns, "x")
         listing = LedgerWriter(client, no_events, clock=at(1))
         await listing.reconcile_once(ns, "wf")
+        final = {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}
         await client.patch(
             BranchClaim,
             "x",
-            {"spec": {"usage": {"tokens": "5"}, "final": True, "outcome": "Succeeded"}},
+            {"spec": under_lease(await claim_body(client, ns, "x"), final)},
             namespace=ns,
             patch_type=PatchType.MERGE,
         )
@@ -98,7 +99,11 @@ def test_a_dispatch_the_index_lacks_is_read_before_the_lease_end_returns_capacit
         uid = stale["metadata"]["uid"]
         assert (await ledger(client, ns)).entries[uid].phase is ClaimPhase.TENTATIVE
         await client.patch(
-            BranchClaim, "z", {"spec": {"dispatch": True}}, namespace=ns, patch_type=PatchType.MERGE
+            BranchClaim,
+            "z",
+            {"spec": under_lease(stale, {"dispatch": True})},
+            namespace=ns,
+            patch_type=PatchType.MERGE,
         )
         result = await watched(client, ns, stale, clock=45).reconcile_once(ns, "wf")
         fresh = LedgerWriter(client, no_events, clock=at(45))

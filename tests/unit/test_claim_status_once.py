@@ -34,9 +34,10 @@ LINE = LedgerEntry(
     result="s3://b/out",
 )
 
-# What a claim's status holds besides its line (everything else is the line's).
+# What a claim's status holds besides its line (everything else is the line's), and the
+# lease: its holder and generation, the fence the API server compares a write's with.
 OWN_FIELDS = {"phase", "placement", "queue_reason", "ledger", "envelope_uid", "conditions",
-              "observed_generation", "settlement"}  # fmt: skip
+              "observed_generation", "settlement", "lease"}  # fmt: skip
 
 
 def test_the_operator_writes_the_line_once() -> None:
@@ -45,7 +46,12 @@ def test_the_operator_writes_the_line_once() -> None:
     assert set(written.model_fields_set) <= OWN_FIELDS
     assert written.settlement is None, "a new claim's settlement is in its line only"
     api = written.to_api()
-    assert set(api) <= {"phase", "ledger", "conditions", "observedGeneration"}, sorted(api)
+    assert set(api) <= {"phase", "ledger", "conditions", "observedGeneration", "lease"}, sorted(api)
+    assert api["lease"] == {"generation": 1, "renewals": 0}, "the fence: the rest is the line's"
+    held = claim_status(LINE.model_copy(update={"holder": "w", "renewals": 2}), None, None, 1, NOW)
+    assert held.to_api()["lease"] == {"holder": "w", "generation": 3, "renewals": 2}
+    unreserved = LINE.model_copy(update={"first_reserved_at": None})
+    assert "lease" not in claim_status(unreserved, None, None, 1, NOW).to_api()
 
 
 def test_readers_see_the_lines_fields_on_the_status() -> None:

@@ -979,6 +979,31 @@ def only_last(count: int) -> set[int]:
     return set()
 
 
+def test_a_final_report_then_a_cancel_while_the_pod_may_start_record_alike() -> None:
+    """Found by the audit (a random history, the core as it was): the final report and then
+    the cancel, while the claim's pod was bound but not started: seen one by one, the cancel
+    came after the settlement and was not recorded; seen together it was."""
+    envelope = EnvelopeFacts(
+        spec=ReservationEnvelopeSpec(
+            capacity={"tokens": 20, "gpu": 2, "nvidia.com/gpu": 2},
+            policy=EnvelopePolicy(default_lease_seconds=5, ambiguity_deadline_seconds=5),
+        ),
+        created_at=T0,
+    )
+    history = History(
+        envelope,
+        [
+            (0, [Write("create", 0, (1, 0, False, 0, "PodRunning", 0))]),
+            (0, [Write("pod", 0, 1)]),
+            (0, [Write("finish", 0, "Succeeded"), Write("cancel", 0, "Succeeded")]),
+        ],
+    )
+    every_step, coalesced = play(history, only_last)
+    assert compare(every_step, coalesced) == 1
+    entry = coalesced.entry("c0")
+    assert entry is not None and entry.cancel_requested and entry.phase is ClaimPhase.RELEASED
+
+
 def test_a_job_that_completes_without_usage_before_the_final_report_settles_alike() -> None:
     """Issue 21, defect 1 (found by the audit on the code before its fix): c0 is
     dispatched and its lease lapses (Detached); its Job completes without the usage

@@ -22,6 +22,7 @@ from reservoir.core.model import (
     OPERATION_URL,
     REQUEST_ID,
     SECRET_KEY,
+    SPECULATION_GROUP,
 )
 from reservoir.core.quantity import MAX_QUANTITY, QUANTITY_PATTERN, parse_quantity
 from reservoir.core.scheduling import (
@@ -223,6 +224,7 @@ OTHER_GRAMMARS = {
     ".spec.envelope": OBJECT_NAME,
     ".spec.parent": OBJECT_NAME,
     "compensations[].key": COMPENSATION_KEY,
+    ".spec.speculationGroup": SPECULATION_GROUP,
 }
 # The core/v1 scheduling types of a claim's placement hints (reservoir.core.scheduling).
 SCHEDULING_GRAMMARS = {LABEL_KEY, LABEL_VALUE, scheduling.NAMESPACE_NAME, NODE_NAME}

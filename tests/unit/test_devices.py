@@ -136,10 +136,20 @@ def test_no_hand_off_before_admission_or_after_a_cancel() -> None:
     assert sim.entry("a").phase is ClaimPhase.RELEASED
 
 
-def test_a_gated_pod_of_a_claim_without_devices_changes_nothing() -> None:
+def test_a_gated_pod_of_a_claim_without_devices_is_handed_its_capacity() -> None:
     sim = gpu_sim().create("a", {"tokens": "5"}).pod("a", gated=True).reconcile()
-    assert sim.entry("a").phase is ClaimPhase.TENTATIVE
-    assert sim.entry("a").handed_off_at is None
+    assert sim.entry("a").phase is ClaimPhase.COMMITTED
+    assert sim.entry("a").handed_off_to == "a-pod" and sim.entry("a").devices is None
+    assert sim.last is not None and sim.last.handed_off == {"a": "a-pod"}
+    assert sim.last.device_holds == {}
+
+
+def test_a_device_claims_gate_is_kept_once_a_cancel_is_recorded() -> None:
+    """Its placeholder still follows the hand-off, but the gate is not lifted any more."""
+    sim = gpu_sim().create("a", {GPU: "2"}).allocate("a").reconcile()
+    sim.pod("a", gated=True).reconcile().cancel("a").reconcile()
+    assert sim.last is not None and sim.last.handed_off == {"a": "a-pod"}
+    assert sim.last.keep_gated == {"a"}
 
 
 def test_a_workload_pod_lost_after_the_hand_off_detaches_the_claim() -> None:

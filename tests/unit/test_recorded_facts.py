@@ -293,6 +293,56 @@ def test_the_named_holder_renews() -> None:
     assert sim.entry("a").renewals == 1
 
 
+def heartbeat(sim: Sim, name: str, token: str, holder: str) -> None:
+    claim = sim.claims[name]
+    sim.claims[name] = claim.__class__(
+        **{**claim.__dict__, "heartbeat": token, "heartbeat_holder": holder}
+    )
+
+
+def test_the_lease_records_whom_each_generation_was_granted_to() -> None:
+    """The fence the API server compares (status.lease): the named holder from the
+    reservation, then the holder of each heartbeat granted, a generation a grant."""
+    sim = Sim(default_lease_seconds=30).create("named", lease={"holder": "w1"})
+    sim.create("unnamed").reconcile()
+    assert (sim.entry("named").holder, sim.entry("named").lease_generation) == ("w1", 1)
+    assert (sim.entry("unnamed").holder, sim.entry("unnamed").lease_generation) == (None, 1)
+    heartbeat(sim, "unnamed", "t1", "w7")
+    heartbeat(sim, "named", "t1", "w9")  # not the named holder: refused, nothing moves
+    sim.tick(10).reconcile()
+    assert (sim.entry("unnamed").holder, sim.entry("unnamed").lease_generation) == ("w7", 2)
+    assert (sim.entry("named").holder, sim.entry("named").lease_generation) == ("w1", 1)
+    heartbeat(sim, "unnamed", "t2", "w8")  # another worker's heartbeat takes the lease on
+    sim.tick(10).reconcile()
+    assert (sim.entry("unnamed").holder, sim.entry("unnamed").lease_generation) == ("w8", 3)
+
+
+def test_a_handover_is_a_new_generation_granted_at_once_even_to_a_detached_claim() -> None:
+    """spec.lease.holder names another worker: the lease is handed over on the record (the
+    old holder fenced), without waiting for a renewal, which a Detached claim never gets
+    (found by review: the new holder could never report)."""
+    sim = Sim(default_lease_seconds=5).create("a", lease={"holder": "w1"}).reconcile()
+    sim.dispatch("a").reconcile().tick(6).reconcile()
+    assert sim.entry("a").phase is P.DETACHED
+    sim.update("a", lease={"holder": "w2"}).reconcile()
+    entry = sim.entry("a")
+    assert (entry.holder, entry.handovers, entry.lease_generation) == ("w2", 1, 2)
+    assert "LeaseHandedOver" in sim.reasons("a")
+    sim.reconcile()
+    assert sim.entry("a").handovers == 1, "once"
+    heartbeat(sim, "a", "t1", "w2")
+    sim.tick(1).reconcile()
+    assert sim.entry("a").renewals == 0, "a Detached claim is not renewed, handed over or not"
+
+
+def test_a_holder_too_long_to_name_in_a_fence_is_refused_its_renewal() -> None:
+    sim = Sim(default_lease_seconds=30).create("a").reconcile()
+    heartbeat(sim, "a", "t1", "w" * 254)
+    sim.tick(10).reconcile()
+    assert sim.entry("a").renewals == 0 and sim.entry("a").holder is None
+    assert "RenewalRefused" in sim.reasons("a")
+
+
 # --- 11. pods that ran count, even when they finished unseen --------------------------
 
 

@@ -74,9 +74,13 @@ def test_a_dispatch_decided_on_the_mirror_tests_identity_phase_no_settlement_and
         "/status/phase": "Tentative",
         "/status/settlement": None,
         "/status/lease/expiresAt": EXPIRES,
+        "/status/lease": {"expiresAt": EXPIRES, "renewals": 0},  # the lease it is fenced on
     }
-    assert patch[-1] == {"op": "add", "path": "/spec/dispatch", "value": True}
-    assert [op["op"] for op in patch] == ["test"] * 6 + ["add"], "tests come first"
+    assert patch[-2:] == [
+        {"op": "add", "path": "/spec/dispatch", "value": True},
+        {"op": "add", "path": "/spec/lease", "value": {"fence": {"generation": 0}}},
+    ]
+    assert [op["op"] for op in patch] == ["test"] * 7 + ["add"] * 2, "tests come first"
 
 
 def test_a_decision_on_the_claims_ledger_line_tests_the_line() -> None:
@@ -87,6 +91,7 @@ def test_a_decision_on_the_claims_ledger_line_tests_the_line() -> None:
         "/status/ledger/phase": "Tentative",  # the line, not the lagging mirror
         "/status/ledger/settlement": None,
         "/status/ledger/expiresAt": EXPIRES,
+        "/status/lease": {"expiresAt": EXPIRES, "renewals": 0},
     }
     view = ClaimView.from_api(read)
     assert view.entry is not None and view.carries_ledger
@@ -108,7 +113,7 @@ def test_a_claim_without_status_tests_that_it_still_has_none() -> None:
 def test_a_decision_relying_on_no_record_field_tests_only_the_identity() -> None:
     """The operator's status writes never refuse it (tests/integration/
     test_conditional_writes.py)."""
-    patch = fenced_patch(claim(), {"dispatch": True})
+    patch = fenced_patch(claim(), {"cancel": True})
     assert checks_in(patch) == {"/metadata/uid": "u-1", "/metadata/generation": 2}
     assert failed_tests(patch, claim(mirror())) == []
 
@@ -116,9 +121,9 @@ def test_a_decision_relying_on_no_record_field_tests_only_the_identity() -> None
 def test_a_map_merges_key_by_key_into_a_map_already_there() -> None:
     usage = {"tokens": "5", "nvidia.com/gpu": "1"}
     first = fenced_patch(claim(mirror()), {"usage": usage}, UNSETTLED)
-    assert first[-1] == {"op": "add", "path": "/spec/usage", "value": usage}
+    assert first[-2] == {"op": "add", "path": "/spec/usage", "value": usage}
     later = fenced_patch(claim(mirror(), usage={"cost": "1"}), {"usage": usage}, UNSETTLED)
-    assert later[-2:] == [
+    assert later[-3:-1] == [
         {"op": "add", "path": "/spec/usage/tokens", "value": "5"},
         {"op": "add", "path": "/spec/usage/nvidia.com~1gpu", "value": "1"},
     ]
@@ -136,7 +141,7 @@ def test_failed_tests_tell_a_moved_claim_from_a_refusal() -> None:
 
     renewed = copy.deepcopy(read)
     renewed["status"]["lease"]["expiresAt"] = "2026-01-01T00:02:00Z"
-    assert failed_tests(patch, renewed) == ["/status/lease/expiresAt"]
+    assert failed_tests(patch, renewed) == ["/status/lease/expiresAt", "/status/lease"]
 
     cancelled = copy.deepcopy(read)
     cancelled["spec"]["cancel"] = True
@@ -206,3 +211,45 @@ def test_a_patch_passes_its_own_tests_on_the_object_it_was_built_from(
     for status in (None, {"phase": "Pending"}, mirror(), {**mirror(), "ledger": LINE}):
         read = claim(status)
         assert failed_tests(fenced_patch(read, {"cancel": True}, fields), read) == []
+
+
+def test_a_dispatch_or_report_carries_the_lease_as_stored_and_a_cancel_does_not() -> None:
+    """The API server refuses a dispatch or report whose spec.lease.fence is not the claim's
+    status.lease (reservoir.lease_fence_rules): the fence is status.lease as stored, the
+    holder the claim names before any grant, generation 0 before the first reservation."""
+    granted = claim(
+        {**mirror(), "lease": {"holder": "w-2", "generation": 3}}, lease={"holder": "w"}
+    )
+    for spec_patch in (
+        {"dispatch": True},
+        {"usage": {"tokens": "1"}},
+        {"final": True, "outcome": "Succeeded"},
+        {"result": "s3://r"},
+        {"upstream": {"state": "Accepted"}},
+    ):
+        patch = fenced_patch(granted, spec_patch)
+        assert {
+            "op": "add",
+            "path": "/spec/lease/fence",
+            "value": {"holder": "w-2", "generation": 3},
+        } in patch
+        assert checks_in(patch)["/status/lease"] == {"holder": "w-2", "generation": 3}
+    unleased = fenced_patch(claim({"phase": "Pending"}, lease={"holder": "w"}), {"dispatch": True})
+    assert {
+        "op": "add",
+        "path": "/spec/lease/fence",
+        "value": {"holder": "w", "generation": 0},
+    } in unleased
+    cancel = fenced_patch(granted, {"cancel": True})
+    assert not any(op["path"].startswith("/spec/lease") for op in cancel)
+    assert "/status/lease" not in checks_in(cancel), "a renewal never refuses a cancel"
+
+
+def test_a_line_written_before_status_lease_fences_on_the_generation_it_implies() -> None:
+    """As the API server's rule reads it: no status.lease, so the line's renewals (and
+    handovers) + 1 once it first held capacity (found by review: 0 let a stale write in)."""
+    line = {**LINE, "firstReservedAt": EXPIRES, "renewals": 2, "handovers": 1}
+    patch = fenced_patch(claim({"phase": "Tentative", "ledger": line}), {"dispatch": True})
+    assert {"op": "add", "path": "/spec/lease", "value": {"fence": {"generation": 4}}} in patch
+    unreserved = fenced_patch(claim({"phase": "Pending", "ledger": LINE}), {"dispatch": True})
+    assert {"op": "add", "path": "/spec/lease", "value": {"fence": {"generation": 0}}} in unreserved

@@ -129,7 +129,7 @@ def show_claim(view: ClaimView) -> str:
     """The claim as its ledger entry records it (the claim's status when it has none)."""
     record = view.entry if view.entry is not None else view.status
     expires = view.ledger_expires_at
-    return table(
+    shown = table(
         [
             ["NAME", "ENVELOPE", "BRANCH", "PHASE", "DECLARED", "RESERVED", "USAGE", "EXPIRES"],
             [
@@ -144,6 +144,12 @@ def show_claim(view: ClaimView) -> str:
             ],
         ]
     )
+    group = view.speculation_group
+    if group is None:
+        return shown
+    lost = view.superseded_by
+    said = f"lost to {lost}, cancelled" if lost else "not superseded"
+    return f"{shown}\nspeculation group {group}: {said}"
 
 
 def claim_row(name: str, branch: str, record: LedgerEntry | BranchClaimStatus) -> list[str]:

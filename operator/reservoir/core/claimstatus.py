@@ -71,6 +71,7 @@ def claim_status(
         # in its status: the API server keeps it there for good (SETTLEMENT_IS_PERMANENT).
         settlement=previous.settlement,
         ledger=entry,
+        lease=current_lease(entry),
         # Bound once to the envelope that decided on it (issue 21 #3).
         envelope_uid=previous.envelope_uid or envelope_uid or None,
         conditions=merge_conditions(
@@ -166,12 +167,24 @@ def _placement(entry: LedgerEntry) -> PlacementStatus | None:
     )
 
 
+def current_lease(entry: LedgerEntry) -> LeaseStatus | None:
+    """The lease a worker's writes must be fenced with (`spec.lease.fence`), as the claim's
+    status carries it for the API server's admission rule to compare."""
+    if entry.first_reserved_at is None:
+        return None
+    return LeaseStatus(
+        holder=entry.holder, generation=entry.lease_generation, renewals=entry.renewals
+    )
+
+
 def _lease(entry: LedgerEntry) -> LeaseStatus | None:
     if entry.first_reserved_at is None:
         return None
     return LeaseStatus(
-        generation=entry.renewals + 1,
+        holder=entry.holder,
+        generation=entry.lease_generation,
         first_reserved_at=entry.first_reserved_at,
+        renewed_at=entry.renewed_at,
         expires_at=entry.expires_at,
         renewals=entry.renewals,
     )

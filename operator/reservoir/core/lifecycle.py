@@ -38,12 +38,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.contracts import occupancy
-from reservoir.core.devices import DeviceFacts
+from reservoir.core.devices import DeviceFacts, device_counts
 from reservoir.core.ledger import ZERO, add, positive, render, subtract
 from reservoir.core.ledgersize import cut_bytes
 from reservoir.core.model import (
     DEVICE_CLASSES,
     MAX_ERROR_LENGTH,
+    MAX_NAME_LENGTH,
     MAX_RESULT_LENGTH,
     MAX_TRANSITIONS,
     Adjustment,
@@ -51,6 +52,7 @@ from reservoir.core.model import (
     ClaimPhase,
     CommitPoint,
     DeadlineAction,
+    DeviceHold,
     EnvelopePolicy,
     LateCompletion,
     LateReport,
@@ -59,6 +61,7 @@ from reservoir.core.model import (
     Overrun,
     ProviderRecord,
     ProviderState,
+    QueueBoundAction,
     RetryHold,
     Settlement,
     Transition,
@@ -129,10 +132,26 @@ class ClaimFacts:
     # The UID of the envelope its status says decided on it (None: none did yet). A claim
     # bound to another envelope of the same name never moves this one's capacity.
     envelope_uid: str | None = None
+    # Another copy of its speculation group won (its name): this one reads as cancelled.
+    superseded_by: str | None = None
 
     @property
     def cancelling(self) -> bool:
-        return self.deleting or self.spec.cancel
+        return self.deleting or self.spec.cancel or self.superseded_by is not None
+
+    @property
+    def cancel_trigger(self) -> Trigger:
+        """Where the cancel it reads as came from."""
+        if self.deleting:
+            return Trigger.DELETION
+        return Trigger.WORKER if self.spec.cancel else Trigger.SPECULATION
+
+    @property
+    def cancel_reason(self) -> str:
+        """Why it was pruned, in one word: Deleted, Cancelled or Superseded."""
+        if self.deleting:
+            return "Deleted"
+        return "Cancelled" if self.spec.cancel else "Superseded"
 
 
 @dataclass(frozen=True)
@@ -191,7 +210,7 @@ def record_transition(
 ) -> None:
     """The claim's durable history, written by the pass that decides the move. The phase
     graph is acyclic, so it is short; the newest moves are kept if it ever were not."""
-    generation = entry.renewals + 1 if entry.first_reserved_at is not None else 0
+    generation = entry.lease_generation
     entry.history.append(
         Transition.model_validate(
             {
@@ -342,6 +361,7 @@ def advance(
         return step.events
 
     record_usage(step)
+    record_superseded(step)
     hand_off(step)
     if entry.phase is ClaimPhase.TENTATIVE:
         advance_tentative(step)
@@ -355,6 +375,7 @@ def advance(
         force_settle(step, facts.force_settle)
     if not entry.phase.terminal:
         record_renewals_stop(step, renewals_open)
+        record_handover(step)
         renew_lease(step, policy)
     else:
         # Settled in this pass: a failed attempt's hold made while the envelope no longer
@@ -562,34 +583,45 @@ def never_ran(entry: LedgerEntry) -> bool:
     return entry.committed_at is None or withdrawn
 
 
+def record_superseded(step: Step) -> None:
+    """Another copy of its speculation group won: recorded on its line once, with the
+    winner's name; from here on it reads as cancelled (reservoir.core.speculation)."""
+    winner = step.facts.superseded_by
+    if winner is None or step.entry.superseded_by is not None:
+        return
+    step.entry.superseded_by = winner
+    step.note(
+        "SpeculationLost", f"copy {winner} of its speculation group won: this one is cancelled"
+    )
+
+
 def hand_off(step: Step) -> None:
-    """A device claim's workload pod waits behind the hand-off gate: hand it the devices.
-    The hand-off is recorded, and commits the claim, before the gate is lifted: from then
-    on the pod may bind and run between any two looks of the operator, so the claim is
-    past its commit point on a recorded fact, never on a pod that may have come and gone."""
+    """A claim's workload pod waits behind the hand-off gate: hand it what the claim holds
+    (its devices, with them). The hand-off is recorded, and commits the claim, before the
+    gate is lifted: from then on the pod may bind and run between any two looks of the
+    operator, so the claim is past its commit point on a recorded fact, never on a pod that
+    may have come and gone (branch-claims.txt: commit only at the execution boundary).
+    Creating the workload pod is sending the branch: its hand-off commits the claim
+    whatever its commitPoint (a GPU claim's always did). A Pending, settled, Detached or
+    cancelled claim hands nothing to anyone."""
     entry, facts = step.entry, step.facts
-    if entry.devices is None or entry.handed_off_at is not None or facts.cancelling:
+    if entry.handed_off_at is not None or facts.cancelling:
         return
     if entry.phase not in (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING):
-        return  # Detached or settled: the devices are not handed to anyone any more
+        return  # Detached or settled: nothing is handed to anyone any more
     if facts.pod is None or not facts.pod.gated:
         return
     if entry.expires_at is not None and step.now >= entry.expires_at:
         return  # the lease lapsed first: nothing is handed over after it (found by review)
-    seen = facts.devices
-    if (
-        seen is None
-        or not seen.held
-        or (seen.node, list(seen.devices))
-        != (
-            entry.devices.node,
-            entry.devices.devices,
-        )
-    ):
-        return  # only devices held now, and the ones recorded, are handed over (review)
+    if device_counts(entry.reserved):
+        if entry.devices is None or not _devices_still_held(entry.devices, facts.devices):
+            return  # only devices held now, and the ones recorded, are handed over (review)
+        held = f"devices {', '.join(entry.devices.devices)} on {entry.devices.node}"
+    else:
+        held = "its capacity"
     entry.handed_off_at = step.now
     entry.handed_off_to = facts.pod.gated_pod
-    message = f"devices {', '.join(entry.devices.devices)} on {entry.devices.node} handed to"
+    message = f"{held} handed to"
     if entry.phase is ClaimPhase.TENTATIVE:
         entry.committed_at = step.now
         step.move(
@@ -600,6 +632,14 @@ def hand_off(step: Step) -> None:
         )
     else:
         step.note("HandedOff", f"{message} the workload pod")
+
+
+def _devices_still_held(recorded: DeviceHold, seen: DeviceFacts | None) -> bool:
+    return (
+        seen is not None
+        and seen.held
+        and (seen.node, list(seen.devices)) == (recorded.node, recorded.devices)
+    )
 
 
 def commit_trigger(facts: ClaimFacts) -> Trigger:
@@ -640,13 +680,12 @@ def advance_tentative(step: Step) -> None:
                 "capacity held until the pod runs (then its usage settles it) or is gone",
             )
     elif facts.cancelling:
-        reason = "Deleted" if facts.deleting else "Cancelled"
         settle(
             step,
             ClaimPhase.RELEASED,
-            reason,
+            facts.cancel_reason,
             message="pruned before dispatch: R returned",
-            trigger=Trigger.DELETION if facts.deleting else Trigger.WORKER,
+            trigger=facts.cancel_trigger,
         )
 
 
@@ -665,6 +704,7 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
     record_answer(step, policy)
     said = provider_says(entry)
     started = shows_execution(facts) or said is ProviderState.RUNNING
+    record_acceptance(step, said)
     if started and entry.started_at is None:
         # Recorded in any committed phase: evidence that it ran is never lost because it
         # came while the claim was Detached (found by review).
@@ -676,6 +716,7 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
             )
         else:
             step.note("ExecutionStarted", "execution confirmed started (while Detached)")
+    apply_queue_bound(step, policy)
     if spec.final:
         reason = "SettledAfterDetach" if entry.phase is ClaimPhase.DETACHED else "Completed"
         settle(step, ClaimPhase.CONSUMED, reason, dict(entry.usage), spec.outcome)
@@ -696,6 +737,64 @@ def advance_committed(step: Step, policy: EnvelopePolicy) -> None:
         )
     if entry.phase is ClaimPhase.DETACHED:
         apply_deadline(step, policy)
+
+
+# What shows the provider accepted the operation: the worker's report, or its answer.
+ACCEPTED_STATES = (UpstreamState.ACCEPTED, UpstreamState.RUNNING)
+ACCEPTED_ANSWERS = (ProviderState.PENDING, ProviderState.RUNNING)
+
+
+def record_acceptance(step: Step, said: ProviderState | None) -> None:
+    """The provider's acceptance, recorded apart from the commit and the start
+    (lease-renewal.txt: "Keep provider acceptance time and compute start time separate"),
+    in any committed phase: a dispatch recorded first keeps its own time."""
+    entry, upstream = step.entry, step.facts.spec.upstream
+    if entry.accepted_at is not None:
+        return
+    if upstream.state in ACCEPTED_STATES or said in ACCEPTED_ANSWERS:
+        entry.accepted_at = step.now
+        step.note("ProviderAccepted", "the provider accepted the operation")
+
+
+def queue_bound(
+    entry: LedgerEntry, spec: BranchClaimSpec, policy: EnvelopePolicy
+) -> datetime | None:
+    """When an operation the provider accepted and has not started stops being waited for:
+    the envelope's queue bound from its acceptance, or the provider's own deadline for the
+    request, whichever comes first. None: no bound, not accepted, started, or done."""
+    if entry.accepted_at is None or entry.started_at is not None or entry.phase.terminal:
+        return None
+    if entry.queue_bound_at is not None:
+        return None
+    moments = [spec.upstream.deadline] if spec.upstream.deadline is not None else []
+    if policy.queue_bound_seconds is not None:
+        moments.append(entry.accepted_at + timedelta(seconds=policy.queue_bound_seconds))
+    return min(moments, default=None)
+
+
+def apply_queue_bound(step: Step, policy: EnvelopePolicy) -> None:
+    """An accepted operation still not started at its bound: the policy's action, once. A
+    cancel is asked (forwarded to a provider that can cancel; its answer, a final report or
+    the ambiguity deadline settles the claim), never a release on the clock alone: the
+    operation may have started unseen between two lookups."""
+    entry, facts = step.entry, step.facts
+    bound = queue_bound(entry, facts.spec, policy)
+    if bound is None or step.now < bound:
+        return
+    entry.queue_bound_at = step.now
+    waited = f"accepted at {entry.accepted_at:%H:%M:%SZ}, not started by {bound:%H:%M:%SZ}"
+    if policy.at_queue_bound is QueueBoundAction.CANCEL and not entry.cancel_requested:
+        entry.cancel_requested_at = step.now
+        step.note(
+            "QueueBoundReached",
+            f"{waited}: cancel requested (policy atQueueBound Cancel); capacity waits for "
+            "the provider's answer, a final report or the ambiguity deadline",
+            warning=True,
+        )
+    elif entry.cancel_requested:
+        step.note("QueueBoundReached", f"{waited}: a cancel was already requested")
+    else:
+        step.note("QueueBoundReached", f"{waited}: capacity held (policy atQueueBound Hold)")
 
 
 # The provider's answers that say the work is over, whatever it used.
@@ -849,6 +948,24 @@ def record_renewals_stop(step: Step, renewals_open: bool) -> None:
         entry.renewals_stopped_at = None
 
 
+def record_handover(step: Step) -> None:
+    """The claim names another holder than the one its lease was granted to: the lease is
+    handed over, a new generation, so the worker it was taken from is fenced at once and
+    the new one may report (a Detached claim too, whose lease no renewal extends). The
+    lease's end does not move: the new holder renews it."""
+    entry, named = step.entry, step.facts.spec.lease.holder
+    if named is None or named == entry.holder or entry.first_reserved_at is None:
+        return
+    before = entry.holder
+    entry.holder = named
+    entry.handovers += 1
+    step.note(
+        "LeaseHandedOver",
+        f"the lease is handed from {before or 'nobody'} to {named} (generation "
+        f"{entry.lease_generation}): the earlier holder's writes are refused from now on",
+    )
+
+
 def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
     """A new heartbeat token from the holder asks for a renewal; the operator decides.
     Renewal stops when the branch is cancelled, its envelope stops admitting work, or the
@@ -876,15 +993,30 @@ def renew_lease(step: Step, policy: EnvelopePolicy) -> None:
         refusal = "EnvelopeNotOpen", "the envelope admits no more work: leases are not extended"
     elif holder is not None and facts.heartbeat_holder != holder:
         refusal = "NotHolder", f"the Lease is held by {facts.heartbeat_holder!r}, not {holder!r}"
+    elif not fits_holder(facts.heartbeat_holder):
+        refusal = (
+            "InvalidHolder",
+            (
+                f"the Lease's holderIdentity is longer than {MAX_NAME_LENGTH} characters: no fence "
+                "could name it"
+            ),
+        )
     else:
         decision = renewal(entry, step.now, facts.spec.lease.duration_seconds, policy)
         if decision.granted:
             if decision.expires_at != entry.expires_at:
                 entry.expires_at = decision.expires_at
                 entry.renewals += 1
+                entry.renewed_at = step.now
+                entry.holder = facts.heartbeat_holder  # a new generation, granted to it
             return
         refusal = decision.reason, decision.message
     step.note("RenewalRefused", f"{refusal[0]}: {refusal[1]}", warning=True)
+
+
+def fits_holder(holder: str | None) -> bool:
+    """Whether a heartbeat's holder can be recorded as the lease's (and named in a fence)."""
+    return holder is None or len(holder) <= MAX_NAME_LENGTH
 
 
 def record_after_settlement(step: Step) -> None:
@@ -911,6 +1043,17 @@ def record_after_settlement(step: Step) -> None:
         if spec.cancel:  # deleting a settled claim is its normal end, not news
             step.note("CancelRequested", "cancel requested after settlement: recorded")
     pod = facts.pod
+    if (
+        facts.cancelling
+        and settled.reason == "FinishedBeforeCommit"
+        and pod is not None
+        and pod.may_still_start
+        and not entry.cancel_requested
+    ):
+        # The final report came first, the cancel after it, while the pod could still start:
+        # recorded as by an operator that saw both in one look (advance_tentative), so the
+        # record does not depend on the order it saw them in (found by the coalescing audit).
+        entry.cancel_requested_at = step.now
     pod_started = pod is not None and (pod.scheduled or pod.running)
     if pod_started and not_run and not entry.pod_started_late:
         entry.pod_started_late = True

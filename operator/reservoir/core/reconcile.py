@@ -101,12 +101,15 @@ from reservoir.core.lifecycle import (
     Step,
     advance,
     close_retry_window,
+    fits_holder,
+    queue_bound,
     record_after_settlement,
     record_transition,
     record_usage,
     settle,
 )
 from reservoir.core.model import (
+    MAX_SPECULATION_GROUPS,
     SUMMARY_LENGTH,
     BorrowRequest,
     BranchClaimSpec,
@@ -150,6 +153,7 @@ from reservoir.core.provider import (
     needs_lookup,
 )
 from reservoir.core.quiet import QuietClaims, Terms, stays_quiet
+from reservoir.core.speculation import superseded, winners
 from reservoir.core.text import MESSAGE_LENGTH, bounded
 from reservoir.core.windows import expire_windows, next_return, record_windows, refill_note
 
@@ -239,6 +243,8 @@ class Reconciliation:
     # pod's gate may be lifted, and its placeholder goes once the pod holds the devices.
     # (claim uid -> the UID of the pod it was handed to, "" if not recorded)
     handed_off: dict[str, str] = field(default_factory=dict)
+    # Of those, the claims whose workload pod's gate stays: a cancel was recorded first.
+    keep_gated: set[str] = field(default_factory=set)
     devices_seen: Mapping[str, DeviceFacts] = field(default_factory=dict)
     awaiting: list[LedgerEntry] = field(default_factory=list)  # would-be entries, this pass
     # uid -> why an admitted claim that asked for its devices has none yet (policy Commit)
@@ -325,6 +331,7 @@ def reconcile(
     result.windowed = of_type(result.contracts, ContractType.REPLENISHING)
     envelope = _where_capacity_comes_from(result, envelope)
     facts_by_uid, view = _claims_in_view(result, envelope, status, claims, departed or {}, fresh)
+    _supersede_the_losers(result, facts_by_uid, view, envelope.spec.policy)
     books = _Books.open(result, envelope, facts_by_uid, view)
     _advance_held(books)
     _late_facts_of_settled(books, quiet)
@@ -553,6 +560,21 @@ def _claims_in_view(
         view.in_flight.values(), result.dimensions
     )
     return facts_by_uid, view
+
+
+def _supersede_the_losers(
+    result: Reconciliation, facts_by_uid: dict[str, ClaimFacts], view: View, policy: EnvelopePolicy
+) -> None:
+    """Step 0, last: each speculation group's winner, decided on the lines as read and
+    recorded on the envelope (kept: it outlives the winner's claim), and its losers read as
+    cancelled (reservoir.core.speculation)."""
+    kept = result.status.speculation
+    decided = winners(facts_by_uid, view.lines, policy.speculation_winner, kept)
+    for group, winner in decided.items():
+        if group not in kept and len(kept) < MAX_SPECULATION_GROUPS:
+            kept[group] = winner
+    for uid, winner in superseded(decided, facts_by_uid, view.lines).items():
+        facts_by_uid[uid] = replace(facts_by_uid[uid], superseded_by=winner)
 
 
 def _advance_held(books: _Books) -> None:
@@ -795,7 +817,7 @@ def _close_the_books(books: _Books) -> None:
         (
             m
             for m in (
-                next_deadline(result, envelope, books.waiting),
+                next_deadline(result, envelope, books.waiting, books.facts),
                 ttl_moment,
                 lookups,
                 next_return(ledger.windows) if ledger.closed_at is None else None,
@@ -879,12 +901,37 @@ def _charge(result: Reconciliation, line: LedgerEntry) -> None:
     result.room_bytes -= projected_bytes(line, result.dimensions)
 
 
+def _gate_to_lift(entry: LedgerEntry) -> bool:
+    """A recorded hand-off's gate is lifted only for live work: not once the claim is
+    Detached or settled, nor once a cancel (or deletion) is recorded. A pod still behind its
+    gate then never starts, and the lease's lapse settles the claim as never run
+    (GateNeverLifted) instead of a pod starting for a cancelled branch (found by review)."""
+    live = entry.phase.holds_capacity and entry.phase is not ClaimPhase.DETACHED
+    return live and entry.handed_off_at is not None and not entry.cancel_requested
+
+
+def _hand_off_devices(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
+    """A device claim handed to its workload pod: its placeholder goes once that pod holds
+    the devices, and the pod's gate is lifted unless a cancel came first (`keep_gated`)."""
+    result.handed_off[uid] = entry.handed_off_to or ""
+    if not _gate_to_lift(entry):
+        result.keep_gated.add(uid)
+
+
+def _lift_recorded_hand_off(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
+    """A claim without devices whose capacity was handed to its workload pod has that
+    pod's gate lifted while it is live work (a device claim's goes with its devices)."""
+    if _gate_to_lift(entry) and not device_counts(entry.reserved):
+        result.handed_off[uid] = entry.handed_off_to or ""
+
+
 def _hold_as_is(result: Reconciliation, uid: str, entry: LedgerEntry) -> None:
     """A line left for the next pass keeps its devices held as they are."""
+    _lift_recorded_hand_off(result, uid, entry)
     if entry.phase.holds_capacity and device_counts(entry.reserved):
         result.device_holds[uid] = device_counts(entry.reserved)
         if entry.handed_off_at is not None and entry.phase is not ClaimPhase.DETACHED:
-            result.handed_off[uid] = entry.handed_off_to or ""
+            _hand_off_devices(result, uid, entry)
 
 
 def _holds_any(ledger: ReservationEnvelopeStatus) -> bool:
@@ -999,6 +1046,7 @@ def _keep_or_release_devices(
     """A holding claim keeps its devices held; a settled one lets them go, and records
     that they are free once its ResourceClaim's allocation is gone (the scheduler's
     confirmation, not the ledger's say-so)."""
+    _lift_recorded_hand_off(result, uid, entry)
     held = entry.devices
     seen = result.devices_seen.get(uid)
     if held is None:
@@ -1027,8 +1075,8 @@ def _keep_or_release_devices(
     if entry.phase.holds_capacity:
         result.device_holds[uid] = device_counts(entry.reserved)
         if entry.handed_off_at is not None:
-            if entry.phase is not ClaimPhase.DETACHED:  # a gate is lifted only for live work
-                result.handed_off[uid] = entry.handed_off_to or ""
+            if entry.phase is not ClaimPhase.DETACHED:  # live work: not once Detached
+                _hand_off_devices(result, uid, entry)
         elif seen is not None and seen.held and seen.node is not None:
             moved = (seen.node, list(seen.devices)) != (held.node, held.devices)
             if moved:  # its placeholder was lost and the scheduler placed it again
@@ -1086,15 +1134,22 @@ def _settled_ttl(
 
 
 def next_deadline(
-    result: Reconciliation, envelope: EnvelopeFacts, waiting: Sequence[ClaimFacts]
+    result: Reconciliation,
+    envelope: EnvelopeFacts,
+    waiting: Sequence[ClaimFacts],
+    claims: Mapping[str, ClaimFacts] | None = None,
 ) -> datetime | None:
     """The next moment the ledger changes with no new facts: a lease end, an ambiguity
-    deadline, a queue-age limit or the envelope's own lifetime."""
+    deadline, a provider queue bound, a queue-age limit or the envelope's own lifetime."""
     policy = envelope.spec.policy
     moments: list[datetime] = []
     for uid, entry in result.status.entries.items():
         if uid.startswith(LOST_PREFIX):
             continue  # only a person settles it: no moment of its own
+        claim = (claims or {}).get(uid)
+        bound = queue_bound(entry, claim.spec, policy) if claim is not None else None
+        if bound is not None:
+            moments.append(max(bound, result.now))
         # A lease end already past that left the claim as it was (a Tentative claim whose
         # workload pod may still start waits for the pod's news) is no moment: every pass
         # would ask for the next at once (found by review).
@@ -1181,8 +1236,10 @@ def _close_unadmitted(
     trigger = {
         "DeletedWhilePending": Trigger.DELETION,
         "CancelledWhilePending": Trigger.WORKER,
+        "SupersededWhilePending": Trigger.SPECULATION,
         "FinishedBeforeAdmission": Trigger.WORKER,
     }.get(reason, Trigger.ADMISSION)
+    entry.superseded_by = facts.superseded_by
     settle(step, phase, reason, message=message, outcome=facts.spec.outcome, trigger=trigger)
     # What the claim already declares (a Dispatch, a usage report) is recorded now, so a
     # replay of the same facts finds nothing left to do.
@@ -1244,6 +1301,9 @@ def _admit_one(
     entry.phase = ClaimPhase.TENTATIVE
     entry.expires_at = first_expiry(now, spec.lease.duration_seconds, policy)
     entry.heartbeat = facts.heartbeat  # the heartbeat at admission is not a renewal
+    entry.holder = spec.lease.holder or (
+        facts.heartbeat_holder if fits_holder(facts.heartbeat_holder) else None
+    )
     placed = result.devices_seen.get(facts.uid)
     if wants_devices_now(facts, policy) and (placed is None or not placed.held):
         _await_devices(result, facts, entry, available, kept, placed)
@@ -1260,7 +1320,7 @@ def _settled_or_told_before_its_turn(
     queued too long. True if it did (the claim's turn is over for this pass)."""
     spec, policy = facts.spec, envelope.spec.policy
     if facts.cancelling:
-        reason = "DeletedWhilePending" if facts.deleting else "CancelledWhilePending"
+        reason = f"{facts.cancel_reason}WhilePending"
         _close_unadmitted(result, facts, ClaimPhase.RELEASED, reason, "pruned before it reserved")
         return True
     problem = request_problem(spec.requests, envelope.spec.capacity) or device_problem(
@@ -1399,7 +1459,7 @@ def _reserve(
     )
     policy = envelope.spec.policy
     result.events += _advance(result, entry, facts, policy, envelope.accepting(result.now))
-    if entry.handed_off_at is not None:
+    if _gate_to_lift(entry):
         result.handed_off[facts.uid] = entry.handed_off_to or ""
 
 

@@ -183,6 +183,12 @@ def heartbeat_token(lease: Mapping[str, Any] | None) -> str | None:
 STARTED_PHASES = ("Running", "Succeeded", "Failed")
 
 
+def still_gated(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod still waits behind the hand-off gate."""
+    gates = (pod.get("spec") or {}).get("schedulingGates") or []
+    return any(gate.get("name") == HAND_OFF_GATE for gate in gates)
+
+
 def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
     """What a claim's workload pods show: ever bound to a node, ever started (a pod that
     ran and finished before the operator looked still ran). None if there are none."""
@@ -194,10 +200,7 @@ def pod_facts(pods: list[Mapping[str, Any]]) -> PodFacts | None:
     waiting = sorted(
         (m.get("creationTimestamp") or "", m.get("uid") or "")
         for p, m in zip(pods, meta, strict=True)
-        if any(
-            gate.get("name") == HAND_OFF_GATE
-            for gate in (p.get("spec") or {}).get("schedulingGates") or []
-        )
+        if still_gated(p)
     )
     return PodFacts(
         scheduled=bound or started,

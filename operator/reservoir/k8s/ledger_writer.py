@@ -847,9 +847,10 @@ class LedgerWriter:
 
     async def _hold_devices(self, fetched: PassRead, result: Reconciliation) -> None:
         """Devices: hold what the ledger says claims hold (a ResourceClaim and a placeholder
-        pod each), let go of the rest, and lift a workload pod's gate only once its claim's
-        hand-off is recorded."""
-        if not (fetched.resource_claims or fetched.placeholders or result.device_holds):
+        pod each), let go of the rest, and lift a workload pod's gate (with or without
+        devices) only once its claim's hand-off is recorded."""
+        held = fetched.resource_claims or fetched.placeholders or result.device_holds
+        if not (held or result.handed_off):
             return
         by_uid = fetched.by_uid
         known = dict(self.devices.problems)
@@ -864,6 +865,7 @@ class LedgerWriter:
                     p
                     for p in fetched.pods.get(by_uid[uid]["metadata"]["name"], [])
                     if p["metadata"].get("uid") == pod_uid
+                    and not (uid in result.keep_gated and read.still_gated(p))
                 ]
                 for uid, pod_uid in result.handed_off.items()
                 if uid in by_uid

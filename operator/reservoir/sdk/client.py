@@ -145,12 +145,15 @@ from reservoir.sdk.errors import (
     ReservoirError,
     StaleClaimError,
 )
+from reservoir.sdk.keepalive import LeaseKeeper
+from reservoir.sdk.kept_lease import KeptLease, OnLost, ThreadedKeptLease
 from reservoir.sdk.patches import (
     DISPATCH_RELIES_ON,
     UNSETTLED,
     Patch,
     compensation_patch,
     failed_tests,
+    lease_fence,
 )
 from reservoir.sdk.views import ClaimView, EnvelopeTree, EnvelopeView, PoolView, ResultView
 from reservoir.sdk.watch import ClaimWatch, Predicate, WaitTimeoutError
@@ -239,6 +242,7 @@ class AsyncReservoir:
         self.holder = holder or os.environ.get(HOLDER_ENV) or f"{os.uname().nodename}/{os.getpid()}"
         self.shared_watch = shared_watch
         self._watches: dict[str, ClaimWatch] = {}  # shared, by namespace
+        self.kept_leases: dict[str, LeaseKeeper] = {}  # by claim UID: see keep_alive
         self._call_watches: set[ClaimWatch] = set()  # without shared_watch: one per wait
 
     async def __aenter__(self) -> AsyncReservoir:
@@ -420,7 +424,7 @@ class AsyncReservoir:
             )
 
         try:
-            view = await self._await_claim(name, shows, within)
+            view = await self.await_claim(name, shows, within)
         except WaitTimeoutError as timeout:
             raise TimeoutError(
                 f"branchclaim/{name} is {timeout.last.phase.value}, "
@@ -446,9 +450,13 @@ class AsyncReservoir:
         placement: Mapping[str, Any] | None = None,
         request_id: str | None = None,
         retry_window_seconds: int | None = None,
+        speculation_group: str | None = None,
     ) -> ClaimView:
         """Create a claim on `envelope`, held by this SDK's holder (dispatch=True: the branch
         is sent as soon as it is reserved, reserving and committing in one step).
+        `speculation_group`: the claim is one speculative copy of a branch; the first copy of
+        the group to win (the envelope's policy.speculationWinner) has the others cancelled
+        (`ClaimView.superseded_by` names it on each loser).
         `placement`: hints for device resources ({"nodeSelector": ..., "tolerations": ...}).
         `request_id`: the submission's idempotency key (`spec.upstream.requestId`; two
         claims of a namespace may not share one). `retry_window_seconds`: a failed
@@ -487,6 +495,7 @@ class AsyncReservoir:
             upstream=_upstream(upstream, request_id),
             placement=placement,
             retry_window_seconds=retry_window_seconds,
+            speculation_group=speculation_group,
         )
         if spec.upstream.request_id is not None:
             await self._refuse_duplicate_request(spec.upstream.request_id, name)
@@ -570,6 +579,7 @@ class AsyncReservoir:
             if view.spec.cancel:
                 raise StaleClaimError(f"{refuse}: the branch was cancelled")
             self._require_holder(view, refuse)
+            self._require_granted(view, refuse)
             phase = view.ledger_phase
             if phase in ALREADY_DISPATCHED:
                 return True
@@ -582,6 +592,9 @@ class AsyncReservoir:
                     f"{refuse}: it holds nothing yet ({phase.value}): wait until it is Tentative"
                 )
             self._require_lease(view)
+            kept = self.kept_leases.get(view.uid)
+            if kept is not None:
+                kept.require()  # the lease this process keeps is no longer vouched for
             return view.spec.dispatch  # already written: the operator has yet to see it
 
         return await self._fenced(
@@ -677,7 +690,7 @@ class AsyncReservoir:
         that cannot be confirmed raises `LeaseUncertainError`: stop starting irreversible
         work until the claim is read again."""
         view = await self._current_claim(claim)
-        problem = self._renew_problem(view)
+        problem = self.renew_problem(view)
         if problem:
             raise StaleClaimError(f"branchclaim/{view.name}: cannot renew: {problem}")
         # Confirmed once the status shows a grant later than anything recorded now.
@@ -695,11 +708,11 @@ class AsyncReservoir:
                 _renewals(current) > before
                 or current.uid != uid
                 or current.spec.attempt != attempt
-                or self._renew_problem(current) is not None
+                or self.renew_problem(current) is not None
             )
 
         try:
-            await self._await_claim(view.name, granted_or_hopeless, confirm_timeout)
+            await self.await_claim(view.name, granted_or_hopeless, confirm_timeout)
         except WaitTimeoutError:
             pass  # read once more below: a grant may have landed just now
         except ClaimNotFoundError:
@@ -707,7 +720,7 @@ class AsyncReservoir:
         view = await self._current_claim(claim)
         if _renewals(view) > before:
             return view
-        problem = self._renew_problem(view)
+        problem = self.renew_problem(view)
         if problem:
             raise StaleClaimError(f"branchclaim/{view.name}: renewal refused: {problem}")
         raise LeaseUncertainError(
@@ -715,9 +728,27 @@ class AsyncReservoir:
             "do not start irreversible work"
         )
 
+    def keep_alive(
+        self,
+        claim: ClaimView,
+        *,
+        on_lost: Callable[[str], None] | None = None,
+        margin: float = LEASE_SAFETY_MARGIN.total_seconds(),
+        confirm_timeout: float = 10.0,
+    ) -> KeptLease:
+        """Keep the claim's lease alive while the block runs (`async with`): one renewal
+        is confirmed on entry, then the lease is renewed at a third of its length with
+        jittered backoff, measured on the monotonic clock from the last confirmed grant,
+        and given up `margin` seconds before that grant could end. Then `valid` is False,
+        `require()` and this SDK's `dispatch` of the claim raise `LeaseUncertainError`,
+        renewals stop and `on_lost(why)` is called once (reservoir.sdk.kept_lease)."""
+        return KeptLease(
+            self, claim, margin=margin, on_lost=on_lost, confirm_timeout=confirm_timeout
+        )
+
     # --- internals ----------------------------------------------------------------------
 
-    async def _await_claim(self, name: str, predicate: Predicate, within: float) -> ClaimView:
+    async def await_claim(self, name: str, predicate: Predicate, within: float) -> ClaimView:
         """The first view of the claim (without its ledger entry) that satisfies
         `predicate`: through this SDK's shared watch of its namespace, or through a watch of
         this one claim for as long as the wait lasts. WaitTimeoutError, ClaimNotFoundError."""
@@ -760,6 +791,18 @@ class AsyncReservoir:
                 f"{refuse}: the claim is held by {holder!r}, not by this worker ({self.holder!r})"
             )
 
+    def _require_granted(self, view: ClaimView, refuse: str) -> None:
+        """The lease, as the claim's status carries it (the fence the API server compares),
+        was granted to this worker or to nobody yet: a claim naming no holder whose lease
+        another worker's heartbeat renewed is that worker's now."""
+        fence = lease_fence(view.body or {})
+        granted = fence.get("holder")
+        if granted is not None and granted != self.holder:
+            raise StaleClaimError(
+                f"{refuse}: its lease (generation {fence['generation']}) was granted to "
+                f"{granted!r}, not to this worker ({self.holder!r})"
+            )
+
     def _require_lease(self, view: ClaimView) -> None:
         """The ledger's lease must outlast the safety margin (by this machine's clock)."""
         expires = view.ledger_expires_at
@@ -774,7 +817,8 @@ class AsyncReservoir:
                 "re-read before dispatching"
             )
 
-    def _renew_problem(self, view: ClaimView) -> str | None:
+    def renew_problem(self, view: ClaimView) -> str | None:
+        """Why the claim's lease is not this worker's to renew any more (None: it is)."""
         holder = view.spec.lease.holder
         if holder is not None and holder != self.holder:
             return f"the claim is held by {holder!r}, not by this worker ({self.holder!r})"
@@ -854,8 +898,9 @@ class AsyncReservoir:
 
     async def _beat(self, view: ClaimView) -> None:
         """One heartbeat on the claim's Lease, as this SDK's holder: created if missing,
-        else renewed conditionally on its resourceVersion. Another holder's Lease, or a
-        Lease left by an earlier claim of the same name, is never taken over."""
+        else renewed conditionally on its resourceVersion. A Lease left by an earlier claim
+        of the same name is never taken over, nor another holder's, unless the claim itself
+        names this worker (`spec.lease.holder`: the lease was handed to it)."""
         now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
         not_ours = f"lease/{view.name}: not taken over; do not start irreversible work"
         try:
@@ -892,10 +937,14 @@ class AsyncReservoir:
                 f"{not_ours}: it belongs to an earlier claim of this name (not yet collected)"
             )
         spec = lease.spec or LeaseSpec()
+        handed_to_us = view.spec.lease.holder == self.holder
         if spec.holderIdentity not in (None, self.holder):
-            raise LeaseUncertainError(
-                f"{not_ours}: it is held by {spec.holderIdentity!r}, not by {self.holder!r}"
-            )
+            if not handed_to_us:
+                raise LeaseUncertainError(
+                    f"{not_ours}: it is held by {spec.holderIdentity!r}, not by {self.holder!r}"
+                )
+            # The claim names this worker (a handover): the Lease follows the claim.
+            spec.leaseTransitions = (spec.leaseTransitions or 0) + 1
         spec.holderIdentity = self.holder
         spec.renewTime = now  # type: ignore[assignment]
         lease.spec = spec
@@ -991,6 +1040,7 @@ def spec_differences(wanted: BranchClaimSpec, existing: BranchClaimSpec) -> list
         ("lease.holder", wanted.lease.holder, existing.lease.holder),
         ("placement", wanted.placement or empty, existing.placement or empty),
         ("retryWindowSeconds", wanted.retry_window_seconds, existing.retry_window_seconds),
+        ("speculationGroup", wanted.speculation_group, existing.speculation_group),
     ]
     asked, found = wanted.upstream, existing.upstream
     pairs += [
@@ -1039,6 +1089,7 @@ class Reservoir:
     ) -> None:
         self._loop = asyncio.new_event_loop()
         self._async = self._run(_make_async(namespace, kubeconfig, holder))
+        self._kubeconfig = kubeconfig
 
     def _run(self, coroutine: Coroutine[Any, Any, T]) -> T:
         return self._loop.run_until_complete(coroutine)
@@ -1128,6 +1179,34 @@ class Reservoir:
         key: str | None = None,
     ) -> ClaimView:
         return self._run(self._async.compensate(claim, amount, reason, reference, key))
+
+    def keep_alive(
+        self,
+        claim: ClaimView,
+        *,
+        on_lost: OnLost | None = None,
+        margin: float = LEASE_SAFETY_MARGIN.total_seconds(),
+        confirm_timeout: float = 10.0,
+    ) -> ThreadedKeptLease:
+        """`AsyncReservoir.keep_alive` as a `with` block: the renewals run on a thread of
+        their own, with their own connection, while the caller's code runs."""
+
+        def make() -> AsyncReservoir:
+            return AsyncReservoir(
+                namespace=self.namespace,
+                kubeconfig=self._kubeconfig,
+                holder=self.holder,
+                shared_watch=False,
+            )
+
+        return ThreadedKeptLease(
+            make,
+            claim,
+            self._async.kept_leases,
+            margin=margin,
+            on_lost=on_lost,
+            confirm_timeout=confirm_timeout,
+        )
 
     def close(self) -> None:
         self._run(self._async.close())

@@ -145,18 +145,50 @@ def spec_writes(spec: Mapping[str, Any], spec_patch: Mapping[str, Any]) -> Patch
     return writes
 
 
+# The spec fields whose writes the API server fences with the lease
+# (reservoir.lease_fence_rules): a dispatch, and every report of what the work did.
+LEASE_FENCED = frozenset({"dispatch", "usage", "final", "outcome", "result", "upstream"})
+
+
+def lease_fence(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The claim's current lease as `spec.lease.fence` must name it, read as the API
+    server's rule reads it (reservoir.lease_fence_rules): `status.lease` as stored (its
+    holder, else the holder the claim names), else the generation the claim's line implies
+    (a line written before status.lease existed); 0 before any grant."""
+    status = obj.get("status")
+    status = status if isinstance(status, Mapping) else {}
+    lease = status.get("lease") or {}
+    named = ((obj.get("spec") or {}).get("lease") or {}).get("holder")
+    holder = lease.get("holder") or named
+    if "generation" in lease:
+        generation = int(lease.get("generation") or 0)
+    else:
+        line = status.get("ledger") or {}
+        reserved = line.get("firstReservedAt") is not None
+        taken = int(line.get("renewals") or 0) + int(line.get("handovers") or 0)
+        generation = taken + 1 if reserved else 0
+    fence: dict[str, Any] = {"generation": generation}
+    if holder:
+        fence["holder"] = holder
+    return fence
+
+
 def fenced_patch(
     obj: Mapping[str, Any], spec_patch: Mapping[str, Any], relies_on: Iterable[str] = ()
 ) -> Patch:
     """One JSON patch writing `spec_patch` into the claim's spec, applied only if the claim
     is still `obj` as far as the decision went: the same claim (UID), its spec and deletion
     unmoved (generation), and its record showing `relies_on` (PHASE, SETTLEMENT,
-    EXPIRES_AT) as read. The operator's other status writes do not refuse it."""
-    return [
-        *identity_tests(obj),
-        *record_tests(obj, relies_on),
-        *spec_writes(obj.get("spec") or {}, spec_patch),
-    ]
+    EXPIRES_AT) as read. The operator's other status writes do not refuse it. A dispatch or
+    a report carries the lease as read (`spec.lease.fence`) and tests that `status.lease` is
+    still what was read: a lease renewed or handed on since refuses it as a moved claim
+    (read again, decide again), never as the API server's fencing refusal."""
+    tests = [*identity_tests(obj), *record_tests(obj, relies_on)]
+    writes = dict(spec_patch)
+    if LEASE_FENCED & writes.keys():
+        tests = _unique([*tests, expect_as_read(obj, ("status", "lease"))])
+        writes["lease"] = {**dict(writes.get("lease") or {}), "fence": lease_fence(obj)}
+    return [*tests, *spec_writes(obj.get("spec") or {}, writes)]
 
 
 def compensation_patch(obj: Mapping[str, Any], item: Mapping[str, Any]) -> Patch:

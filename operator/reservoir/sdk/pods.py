@@ -1,10 +1,13 @@
 """Workload pods for claims: turn a pod of yours into the one that runs a claim's branch.
 
-For a claim with device resources (GPUs) the pod references the claim's ResourceClaim, so
-it runs on exactly the devices the claim holds, and waits behind the hand-off gate until
-the operator has recorded the hand-off (which commits the claim) and lifted it; the
-placeholder that held the devices goes once the pod holds them. Without device resources
-the pod only gets the claim's label, which the PodScheduled/PodRunning commit points read.
+The pod gets the claim's label and waits behind the hand-off gate until the operator has
+recorded the hand-off of what the claim holds (which commits the claim, whatever its
+commitPoint: creating the pod is sending the branch) and lifted it: it never starts for a
+claim that is Pending, cancelled or settled. For a claim with device resources
+(GPUs) the pod also references the claim's ResourceClaim, so it runs on exactly the devices
+the claim holds; the placeholder that held them goes once the pod holds them. (With the
+chart's tenant policies, the API server refuses a pod labelled for a claim without the
+gate.)
 """
 
 from __future__ import annotations
@@ -32,15 +35,15 @@ def workload_pod(claim: ClaimView, pod: Mapping[str, Any]) -> dict[str, Any]:
     meta = body.setdefault("metadata", {})
     meta.setdefault("namespace", claim.namespace)
     meta.setdefault("labels", {})[CLAIM_LABEL] = claim.name
-    if not device_counts(claim.spec.requests):  # "0" GPUs is no device at all (review)
-        return body
     spec = body.setdefault("spec", {})
-    spec.setdefault("resourceClaims", []).append(
-        {"name": DEVICES, "resourceClaimName": resource_claim_name(claim.uid)}
-    )
     gates = spec.setdefault("schedulingGates", [])
     if not any(g.get("name") == HAND_OFF_GATE for g in gates):
         gates.append({"name": HAND_OFF_GATE})
+    if not device_counts(claim.spec.requests):  # "0" GPUs is no device at all (review)
+        return body
+    spec.setdefault("resourceClaims", []).append(
+        {"name": DEVICES, "resourceClaimName": resource_claim_name(claim.uid)}
+    )
     for container in spec.get("containers", []):
         resources = container.setdefault("resources", {})
         for part in ("requests", "limits"):

@@ -184,6 +184,15 @@ class ClaimView:
         return self.entry.settlement if self.entry is not None else self.status.settlement
 
     @property
+    def speculation_group(self) -> str | None:
+        return self.spec.speculation_group
+
+    @property
+    def superseded_by(self) -> str | None:
+        """The copy of its speculation group that won, if this one lost (its record)."""
+        return self.entry.superseded_by if self.entry is not None else None
+
+    @property
     def settled(self) -> bool:
         return self.ledger_phase.terminal or self.settlement is not None
 

@@ -15,12 +15,14 @@ from reservoir.core.model.common import (
     DEVICE_COUNT_RULE,
     MAX_CONDITIONS,
     MAX_DEVICES_PER_CLAIM,
+    MAX_LEASE_GENERATION,
     MAX_NAME_LENGTH,
     MAX_RESULT_LENGTH,
     MAX_SECONDS,
     MAX_TRANSITIONS,
     MESSAGE_LENGTH,
     OBJECT_NAME,
+    SPECULATION_GROUP,
     ClaimPhase,
     CommitPoint,
     Condition,
@@ -79,6 +81,24 @@ class Compensation(Model):
     )
 
 
+class LeaseFence(Model):
+    """The lease a write was made under, as the claim's `status.lease` showed it: the API
+    server refuses a dispatch, usage or final report whose fence is not the current one
+    (lease-renewal.txt: "a newer version or fencing token that must accompany subsequent
+    actions"), so a worker whose lease moved on cannot act, even through `kubectl patch`."""
+
+    holder: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        description="status.lease.holder as read (absent while the lease names nobody).",
+    )
+    generation: int = Field(
+        ge=0,
+        le=MAX_LEASE_GENERATION,
+        description="status.lease.generation as read (0 before the claim first holds capacity).",
+    )
+
+
 class LeaseSettings(Model):
     duration_seconds: int | None = Field(
         default=None,
@@ -91,17 +111,16 @@ class LeaseSettings(Model):
         default=None,
         max_length=MAX_NAME_LENGTH,
         description="The worker holding the lease. When set, only heartbeats from this "
-        "holder (the Lease's holderIdentity) renew the claim.",
+        "holder (the Lease's holderIdentity) renew the claim, and only this holder's fence "
+        "is accepted.",
+    )
+    fence: LeaseFence | None = Field(
+        default=None,
+        description="The lease this write was made under (status.lease as read): required on "
+        "every write that dispatches or reports usage, an outcome, a result or a provider "
+        "state, and refused by the API server unless it is the current one.",
     )
 
-
-# A spec's execution facts (usage and the provider's state) are what they were: read by the
-# rule below and by the admission policy for claims being deleted (reservoir.crdgen).
-EXECUTION_FACTS_UNCHANGED = (
-    "(has(self.usage) ? self.usage : {}) == (has(oldSelf.usage) ? oldSelf.usage : {}) && "
-    "(has(self.upstream) && has(self.upstream.state) ? self.upstream.state : '') == "
-    "(has(oldSelf.upstream) && has(oldSelf.upstream.state) ? oldSelf.upstream.state : '')"
-)
 
 UPSTREAM_RANK = "{" + ", ".join(f"'{s.value}': {s.rank}" for s in UpstreamState) + "}"
 
@@ -126,14 +145,6 @@ CLAIM_SPEC_RULES: list[dict[str, str]] = [
         "rule": "!(has(oldSelf.cancel) && oldSelf.cancel) || "
         "(has(self.dispatch) && self.dispatch) == (has(oldSelf.dispatch) && oldSelf.dispatch)",
         "message": "a cancelled branch cannot be dispatched: create a new claim (new attempt)",
-    },
-    {
-        "rule": "!(has(oldSelf.cancel) && oldSelf.cancel) || "
-        "(has(oldSelf.dispatch) && oldSelf.dispatch) || "
-        "(has(oldSelf.commitPoint) && oldSelf.commitPoint != 'Dispatch') || "
-        f"({EXECUTION_FACTS_UNCHANGED})",
-        "message": "a branch cancelled before dispatch never ran: it cannot report usage or "
-        "a provider start",
     },
     {
         "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.state)) || "
@@ -167,6 +178,12 @@ CLAIM_SPEC_RULES: list[dict[str, str]] = [
         "message": "usage cannot change once the report is final",
     },
     {
+        "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.deadline)) || "
+        "(has(self.upstream) && has(self.upstream.deadline) && "
+        "self.upstream.deadline == oldSelf.upstream.deadline)",
+        "message": "upstream.deadline is set once: it cannot change or be removed",
+    },
+    {
         "rule": "!(has(oldSelf.upstream) && has(oldSelf.upstream.ref)) || "
         "(has(self.upstream) && has(self.upstream.ref) && "
         "self.upstream.ref == oldSelf.upstream.ref)",
@@ -192,6 +209,11 @@ CLAIM_SPEC_RULES: list[dict[str, str]] = [
         "rule": "has(self.retryWindowSeconds) == has(oldSelf.retryWindowSeconds) && "
         "(!has(self.retryWindowSeconds) || self.retryWindowSeconds == oldSelf.retryWindowSeconds)",
         "message": "retryWindowSeconds is fixed at creation",
+    },
+    {
+        "rule": "has(self.speculationGroup) == has(oldSelf.speculationGroup) && "
+        "(!has(self.speculationGroup) || self.speculationGroup == oldSelf.speculationGroup)",
+        "message": "speculationGroup is fixed at creation",
     },
 ]
 
@@ -325,6 +347,16 @@ class BranchClaimSpec(Model):
         "for the branch's next attempt (a claim with the same branch and a higher attempt) "
         "for this long after settlement, then returned to the envelope. Fixed at creation.",
     )
+    speculation_group: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=SPECULATION_GROUP,
+        description="Speculative copies of one branch in this envelope share a group: the "
+        "first to win (the envelope's policy.speculationWinner: its commit point, or its "
+        "success) wins, and the operator cancels the others, recording the winner in each "
+        "loser's line. A loser settles by its own facts: released at once before its commit "
+        "point, after it cancelled and settled by its usage. Fixed at creation.",
+    )
 
     @property
     def declared(self) -> str:
@@ -335,9 +367,18 @@ class BranchClaimSpec(Model):
 
 class LeaseStatus(Model):
     holder: str | None = Field(
-        default=None, max_length=MAX_NAME_LENGTH, description="Who holds the lease."
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        description="Who the lease was last granted to: spec.lease.holder, or the holder of "
+        "the heartbeat last granted. A write's spec.lease.fence.holder must match it.",
     )
-    generation: int = Field(default=0, ge=0, description="Lease generation (fencing aid).")
+    generation: int = Field(
+        default=0,
+        ge=0,
+        le=MAX_LEASE_GENERATION,
+        description="The lease's generation: 1 at the first reservation, one more at each "
+        "renewal granted. A write's spec.lease.fence.generation must match it.",
+    )
     first_reserved_at: datetime | None = Field(default=None, description="First reserved.")
     renewed_at: datetime | None = Field(default=None, description="Last renewal granted.")
     expires_at: datetime | None = Field(default=None, description="Lease end (operator clock).")

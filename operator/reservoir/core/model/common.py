@@ -65,6 +65,8 @@ MAX_CHILDREN = 256
 MAX_POOL_NAMESPACES = 64
 MAX_LOANS = 8  # loans an envelope has out (or in) at once
 MAX_RESULT_LENGTH = 256  # a result reference: a URI or an object's name, not the result
+# A lease's generation counts its grants: one a second for a year is far below it.
+MAX_LEASE_GENERATION = 2**31 - 1
 MAX_TRANSITIONS = 6  # the phase graph is acyclic: at most 5 moves, plus an adjustment
 MAX_ERROR_LENGTH = 96
 
@@ -307,6 +309,7 @@ class Trigger(StrEnum):
     CLOCK = "Clock"  # a lease end, a deadline, a retry window
     PERSON = "Person"  # a force-settle annotation
     DELETION = "Deletion"  # the claim or its envelope was deleted
+    SPECULATION = "Speculation"  # another copy of its speculation group won
 
 
 class ClaimPhase(StrEnum):
@@ -368,6 +371,26 @@ class ParentKind(StrEnum):
     ROOT = "Root"  # its own capacity: no parent, no pool covers its namespace
     ENVELOPE = "ReservationEnvelope"
     POOL = "ReservationPool"
+
+
+class QueueBoundAction(StrEnum):
+    """What happens to an operation the provider accepted but has not started, once the
+    envelope's queue bound (or the provider's own deadline for the request) passes."""
+
+    HOLD = "Hold"  # recorded; the capacity stays held until its facts settle it
+    CANCEL = "Cancel"  # a cancel is requested (and forwarded): settled by its facts
+
+
+class SpeculationWinner(StrEnum):
+    """Which copy of a speculation group wins (child-settlement.txt: "When one attempt wins,
+    cancel the others")."""
+
+    FIRST_COMMIT = "FirstCommit"  # the first copy recorded at its commit point
+    FIRST_SUCCESS = "FirstSuccess"  # the first copy recorded settled with outcome Succeeded
+
+
+# A speculation group's name: a label value (63 characters), so that it can be selected on.
+SPECULATION_GROUP = r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
 
 
 class DeadlineAction(StrEnum):

@@ -32,7 +32,9 @@ from reservoir.core.model.common import (
     Model,
     ParentKind,
     PhysicalHold,
+    QueueBoundAction,
     ResourceMap,
+    SpeculationWinner,
     UpstreamCancel,
     recorded_map,
     resource_map,
@@ -177,6 +179,12 @@ class EnvelopePolicy(Model):
         description="How long a Detached claim (outcome unknown) waits for its final "
         "report before the deadline action applies.",
     )
+    speculation_winner: SpeculationWinner = Field(
+        default=SpeculationWinner.FIRST_COMMIT,
+        description="Which copy of a speculation group (claims' spec.speculationGroup) wins: "
+        "FirstCommit, the first recorded at its commit point; FirstSuccess, the first "
+        "recorded settled with outcome Succeeded. The others are cancelled.",
+    )
     at_ambiguity_deadline: DeadlineAction = Field(
         default=DeadlineAction.QUARANTINE,
         description="Hold: keep its capacity reconciling until a report comes. "
@@ -189,6 +197,22 @@ class EnvelopePolicy(Model):
         "with upstream.operationId and supportsStatus and no upstream.ref): looked up for "
         "claims that need it (Detached, cancel requested, submitted but not accepted), with "
         "bounded, jittered backoff.",
+    )
+    queue_bound_seconds: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_SECONDS,
+        description="How long an operation the provider accepted but has not started "
+        "(upstream.state Accepted, or the provider's Pending) may hold capacity, from when "
+        "the acceptance was recorded (lease-renewal.txt: an explicit provider-queue policy, "
+        "acceptance is not execution). Unset: no bound. A claim's upstream.deadline (the "
+        "provider's own expiry of the request) bounds it too.",
+    )
+    at_queue_bound: QueueBoundAction = Field(
+        default=QueueBoundAction.CANCEL,
+        description="At the queue bound: Cancel (a cancel is requested and forwarded to the "
+        "provider; the capacity returns on its answer, a final report or the ambiguity "
+        "deadline) or Hold (only recorded). Never a release on the clock alone.",
     )
     upstream_cancel: UpstreamCancel = Field(
         default=UpstreamCancel.SUSPEND,
@@ -323,6 +347,9 @@ class ParentRecord(Model):
     )
 
 
+MAX_SPECULATION_GROUPS = 128  # winners an envelope remembers: ~320 bytes each at most
+
+
 class ReservationEnvelopeStatus(ContractBook):
     phase: EnvelopePhase = Field(default=EnvelopePhase.PENDING, description="Envelope phase.")
     summary: EnvelopeSummary = Field(
@@ -354,6 +381,16 @@ class ReservationEnvelopeStatus(ContractBook):
         default_factory=dict,
         description="Number of claims per phase.",
         json_schema_extra={"maxProperties": 16},
+    )
+    speculation: dict[str, str] = Field(
+        default_factory=dict,
+        description="Each speculation group's winner (claim name), recorded once it is "
+        "decided and kept for the envelope's life, so that it outlives the winner's claim "
+        f"(at most {MAX_SPECULATION_GROUPS} groups; beyond, the losers' lines keep it).",
+        json_schema_extra={
+            "maxProperties": MAX_SPECULATION_GROUPS,
+            "additionalProperties": {"type": "string", "maxLength": MAX_NAME_LENGTH},
+        },
     )
     children: dict[str, ChildEntry] = Field(
         default_factory=dict,

@@ -229,13 +229,42 @@ class LedgerEntry(Model):
         default=None, description="When the lease ends unless renewed (operator clock)."
     )
     renewals: int = Field(default=0, ge=0, description="How many renewals were granted.")
+    renewed_at: datetime | None = Field(
+        default=None,
+        description="When the last renewal was granted (operator clock): expiresAt minus "
+        "this is how long it granted, which a worker measures on its own monotonic clock.",
+    )
+    holder: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        description="Who the lease was last granted to: the claim's spec.lease.holder at its "
+        "reservation or when it names another (a handover), else the holder of each "
+        "heartbeat granted.",
+    )
+    handovers: int = Field(
+        default=0,
+        ge=0,
+        description="How many times spec.lease.holder handed the lease to another worker: "
+        "each is a new lease generation, and fences the worker it was taken from.",
+    )
     heartbeat: str | None = Field(
         default=None,
         max_length=128,
         description="The last heartbeat token seen from the lease holder.",
     )
     committed_at: datetime | None = Field(default=None, description="When it committed.")
+    accepted_at: datetime | None = Field(
+        default=None,
+        description="When the provider's acceptance was first recorded (upstream.state "
+        "Accepted or later, or its answer Pending or Running), apart from the commit and "
+        "from the start: a dispatch recorded first keeps its own time.",
+    )
     started_at: datetime | None = Field(default=None, description="When execution started.")
+    queue_bound_at: datetime | None = Field(
+        default=None,
+        description="When the accepted, not started operation reached its queue bound (or "
+        "the provider's deadline) and the policy's action was taken.",
+    )
     detached_at: datetime | None = Field(
         default=None, description="When its lease lapsed after the commit point."
     )
@@ -259,6 +288,12 @@ class LedgerEntry(Model):
     )
     deadline_action: DeadlineAction | None = Field(
         default=None, description="The ambiguity-deadline decision taken, once taken."
+    )
+    superseded_by: str | None = Field(
+        default=None,
+        max_length=MAX_NAME_LENGTH,
+        description="The copy of its speculation group that won (its claim's name): this "
+        "one lost and was cancelled for it, recorded once.",
     )
     dispatch_fenced: bool = Field(
         default=False, description="A Dispatch arrived after settlement and was refused."
@@ -311,6 +346,22 @@ class LedgerEntry(Model):
         "the scheduler freed them); the rest waits for the usage."
     )
     compensations: list[CompensationRecord] = compensations_field()
+
+    @property
+    def granted_seconds(self) -> float | None:
+        """How long the last grant (or the first lease) was for, on the operator's clock."""
+        start = self.renewed_at or self.first_reserved_at
+        if start is None or self.expires_at is None:
+            return None
+        return (self.expires_at - start).total_seconds()
+
+    @property
+    def lease_generation(self) -> int:
+        """1 at the first reservation, one more at each renewal granted and at each
+        handover; 0 before."""
+        if self.first_reserved_at is None:
+            return 0
+        return self.renewals + self.handovers + 1
 
     @property
     def cancel_requested(self) -> bool:

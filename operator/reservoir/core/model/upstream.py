@@ -3,6 +3,8 @@ that may run it (`ObjectRef`)."""
 
 from __future__ import annotations
 
+from datetime import datetime
+
 from pydantic import (
     ConfigDict,
     Field,
@@ -67,6 +69,13 @@ class Upstream(Model):
         description="Submitted, Accepted (provider queued it) or Running (compute started). "
         "Only moves forward and is never removed: Accepted commits the claim, Running "
         "proves it ran.",
+    )
+    deadline: datetime | None = Field(
+        default=None,
+        description="The provider's own deadline for the request: past it, an operation it "
+        "accepted and has not started never will (lease-renewal.txt: a valid local lease "
+        "must not revive an expired provider request). Tracked apart from the lease; the "
+        "envelope's atQueueBound applies at it. Set once, then fixed.",
     )
     supports_cancel: bool = Field(default=False, description="Provider can cancel it.")
     supports_status: bool = Field(default=False, description="Provider can report status.")
