@@ -631,3 +631,23 @@ def test_an_answer_of_nothing_used_settles_as_a_final_report_of_nothing_does() -
         sim.update("a", final=True, outcome="Succeeded").reconcile()
         settled.append((sim.phase("a"), sim.entry("a").consumed, sim.available()))
     assert settled == [(P.CONSUMED, {}, "100")] * 2
+
+
+def test_a_provider_that_cancels_only_queued_work_gets_no_cancel_once_it_runs() -> None:
+    """upstream.cancelsRunning false (issue 24: supportsCancel per phase): forwarded while
+    queued, only recorded once the operation is recorded started."""
+    from reservoir.core.provider import cancel_to_forward
+
+    endpoint = {"statusURL": "https://p.example/ops/{op}", "cancelURL": "https://p.example/c"}
+    upstream = {"operationId": "op-1", "supportsCancel": True, "cancelsRunning": False}
+    queued = Sim(provider=endpoint, default_lease_seconds=30).create("a", upstream=upstream)
+    queued.reconcile().dispatch("a").reconcile().cancel("a").reconcile()
+    policy = queued.envelope.spec.policy
+    assert cancel_to_forward(queued.entry("a"), queued.claims["a"].spec, policy) is not None
+    running = Sim(provider=endpoint, default_lease_seconds=30).create("a", upstream=upstream)
+    running.reconcile().dispatch("a").reconcile()
+    running.update("a", upstream={**upstream, "state": "Running"}).reconcile()
+    running.cancel("a").reconcile()
+    entry = running.entry("a")
+    assert entry.started_at is not None and entry.cancel_requested
+    assert cancel_to_forward(entry, running.claims["a"].spec, policy) is None

@@ -147,10 +147,14 @@ def next_lookup(uid: str, lookups: int, now: datetime, policy: EnvelopePolicy) -
 def cancel_to_forward(
     entry: LedgerEntry, spec: BranchClaimSpec, policy: EnvelopePolicy
 ) -> UpstreamCancel | None:
-    """A cancel asked after the commit point, for a provider that can cancel, not yet
-    forwarded: forward it (recorded as requested, never as confirmed)."""
+    """A cancel asked after the commit point, for a provider that can cancel in the
+    operation's phase (queued; running too unless `cancelsRunning` is false: a start
+    recorded first), not yet forwarded: forward it (recorded as requested, never as
+    confirmed)."""
     if not entry.cancel_requested or entry.phase.terminal or not spec.upstream.supports_cancel:
         return None
+    if entry.started_at is not None and not spec.upstream.cancels_running:
+        return None  # running work this provider cannot cancel: the cancel is only recorded
     if policy.upstream_cancel is UpstreamCancel.NEVER:
         return None
     # A cancel needs no status lookup: a referenced object, or the operation at an

@@ -1049,7 +1049,9 @@ def spec_differences(wanted: BranchClaimSpec, existing: BranchClaimSpec) -> list
             ("requestId", "request_id"),
             ("operationId", "operation_id"),
             ("supportsCancel", "supports_cancel"),
+            ("cancelsRunning", "cancels_running"),
             ("supportsStatus", "supports_status"),
+            ("deadline", "deadline"),
         )
     ]
     # A ref as the operator reads it: an unset apiVersion is its kind's default.

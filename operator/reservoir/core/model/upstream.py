@@ -77,7 +77,17 @@ class Upstream(Model):
         "must not revive an expired provider request). Tracked apart from the lease; the "
         "envelope's atQueueBound applies at it. Set once, then fixed.",
     )
-    supports_cancel: bool = Field(default=False, description="Provider can cancel it.")
+    supports_cancel: bool = Field(
+        default=False,
+        description="The provider can cancel the operation while it is queued (accepted, "
+        "not started); while it runs too unless cancelsRunning is false.",
+    )
+    cancels_running: bool = Field(
+        default=True,
+        description="With supportsCancel: the provider can also cancel it once it runs "
+        "(client-disconnect.txt: cancellation is evaluated by operation phase). False: a "
+        "cancel of running work is only recorded, and its final report settles it.",
+    )
     supports_status: bool = Field(default=False, description="Provider can report status.")
     ref: ObjectRef | None = Field(
         default=None,
