@@ -26,6 +26,7 @@ from typing import Any
 
 import yaml
 from pydantic import BaseModel
+from pydantic.alias_generators import to_camel
 
 from reservoir.core.model import (
     API_GROUP,
@@ -38,6 +39,7 @@ from reservoir.core.model import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
+from reservoir.core.serving_classes import CLASS_POLICY_FIELDS
 from reservoir.lease_fence_rules import lease_fence_validations, lease_fence_variables
 
 DATE_TIME_LENGTH = 64
@@ -170,7 +172,7 @@ def column(name: str, path: str, type_: str = "string", priority: int = 0) -> di
 
 
 def envelope_crd() -> dict[str, Any]:
-    return crd(
+    made = crd(
         "ReservationEnvelope",
         "reservationenvelopes",
         ["renv", "envelope"],
@@ -187,11 +189,28 @@ def envelope_crd() -> dict[str, Any]:
             column("Live", ".status.summary.live", "integer"),
             column("Contracts", ".status.summary.contracts", priority=1),
             column("Drawn-From", ".status.parent.kind", priority=1),
+            column("Class", ".spec.servingClass", priority=1),
             column("Age", ".metadata.creationTimestamp", "date"),
         ],
         # `kubectl get renv --field-selector spec.parent=planner`, and the operator's list
         selectable=(".spec.parent",),
     )
+    without_class_defaults(made)
+    return made
+
+
+def without_class_defaults(envelope: dict[str, Any]) -> None:
+    """The fields a serving class presets carry no schema default: what an envelope set is
+    then what its stored spec holds, and the operator lays the class under it
+    (reservoir.core.serving_classes); a default filled in by the API server would always
+    hide the class."""
+    camel = [to_camel(field) for field in CLASS_POLICY_FIELDS]
+    for version in envelope["spec"]["versions"]:
+        spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        spec["properties"]["priority"].pop("default", None)
+        policy = spec["properties"]["policy"]["properties"]
+        for field in camel:
+            policy[field].pop("default", None)
 
 
 def pool_crd() -> dict[str, Any]:

@@ -225,6 +225,7 @@ OTHER_GRAMMARS = {
     ".spec.parent": OBJECT_NAME,
     "compensations[].key": COMPENSATION_KEY,
     ".spec.speculationGroup": SPECULATION_GROUP,
+    ".spec.servingClass": SPECULATION_GROUP,  # the same grammar: a label value, not empty
 }
 # The core/v1 scheduling types of a claim's placement hints (reservoir.core.scheduling).
 SCHEDULING_GRAMMARS = {LABEL_KEY, LABEL_VALUE, scheduling.NAMESPACE_NAME, NODE_NAME}

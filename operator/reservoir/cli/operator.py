@@ -11,14 +11,18 @@ import random
 import socket
 import sys
 import urllib.parse
+from pathlib import Path
 
 import kopf
+import yaml
 from lightkube import AsyncClient
 from lightkube.config.kubeconfig import KubeConfig
 from lightkube.core.exceptions import ConfigError
 
 from reservoir import __version__, gc_tuning, kopf_readiness
+from reservoir.core.serving_classes import ServingClass, parse_classes
 from reservoir.endpoints import listen
+from reservoir.k8s import serving
 from reservoir.k8s.provider_policy import AllowList
 from reservoir.k8s.transition_events import TransitionEvents
 
@@ -167,8 +171,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         metavar="N",
         help="HTTP provider calls a namespace may start at once after a quiet spell",
     )
+    parser.add_argument(
+        "--serving-classes",
+        metavar="FILE",
+        help="a YAML file of serving classes (name: {description, policy: {...}, priority}) "
+        "added to, or replacing, the built-in Interactive, Batch and Agentic: named presets "
+        "of envelope policy an envelope picks with spec.servingClass",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
+    try:
+        args.classes = read_serving_classes(args.serving_classes)
+    except ValueError as error:
+        parser.error(f"--serving-classes: {error}")
     try:
         AllowList.parse(allowed_entries(args.provider_allow))
     except ValueError as error:
@@ -179,6 +194,19 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     if not args.provider_calls_per_second_per_namespace > 0:
         parser.error("--provider-calls-per-second-per-namespace must be positive")
     return args
+
+
+def read_serving_classes(path: str | None) -> dict[str, ServingClass]:
+    """The built-in classes, with the file's over them (ValueError saying what is wrong)."""
+    if path is None:
+        return parse_classes({})
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise ValueError(f"cannot read {path}: {error}") from None
+    if not isinstance(raw, dict):
+        raise ValueError(f"{path}: a mapping of class names to classes is expected")
+    return parse_classes(raw)
 
 
 def allowed_entries(flags: list[str]) -> list[str]:
@@ -299,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 "nodeLabelKeys": args.allowed_node_label_key,
             }
         )
+    serving.install(args.classes)  # before any envelope is read
     import reservoir.handlers  # noqa: F401  (registers the handlers)
 
     kopf_readiness.apply()  # start-up in O(objects), not O(objects²): see the module

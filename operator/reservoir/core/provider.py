@@ -153,7 +153,7 @@ def cancel_to_forward(
     confirmed)."""
     if not entry.cancel_requested or entry.phase.terminal or not spec.upstream.supports_cancel:
         return None
-    if entry.started_at is not None and not spec.upstream.cancels_running:
+    if entry.started_at is not None and spec.upstream.cancels_running is False:
         return None  # running work this provider cannot cancel: the cancel is only recorded
     if policy.upstream_cancel is UpstreamCancel.NEVER:
         return None

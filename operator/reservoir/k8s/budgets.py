@@ -28,6 +28,8 @@ from reservoir.core.model import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
+from reservoir.core.serving_classes import UnknownServingClassError
+from reservoir.k8s import serving
 from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, parse_time
 from reservoir.k8s.resources import (
     ReservationEnvelope,
@@ -63,8 +65,8 @@ def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts:
         "balance_released": status.balance_released if status.closed_at is not None else None,
     }
     try:
-        spec = ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {})
-    except ValidationError:
+        spec = serving.effective(ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {}))
+    except (ValidationError, UnknownServingClassError):
         return ChildFacts(capacity={}, accepting=not closed, readable=False, **common)
     lifetime = spec.lifetime_seconds
     expired = lifetime is not None and (now - created).total_seconds() >= lifetime

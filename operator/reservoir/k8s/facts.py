@@ -29,7 +29,9 @@ from reservoir.core.model import (
 )
 from reservoir.core.model.common import share_field_sets
 from reservoir.core.reconcile import EnvelopeFacts
+from reservoir.core.serving_classes import UnknownServingClassError
 from reservoir.core.text import bounded
+from reservoir.k8s import serving
 from reservoir.k8s.resources import (
     FORCE_SETTLE_ANNOTATION,
     FORCE_SETTLE_GONE_ANNOTATION,
@@ -79,8 +81,11 @@ def envelope_facts(envelope: Mapping[str, Any]) -> tuple[EnvelopeFacts, Reservat
     try:
         spec = ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {})
         status = ReservationEnvelopeStatus.model_validate(envelope.get("status") or {})
+        spec = serving.effective(spec)
     except ValidationError as error:
         raise UnreadableEnvelopeError(_describe(error)) from None
+    except UnknownServingClassError as error:
+        raise UnreadableEnvelopeError(str(error)) from None
     facts = EnvelopeFacts(
         spec=spec,
         created_at=parse_time(meta["creationTimestamp"]),

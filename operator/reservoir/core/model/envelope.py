@@ -23,6 +23,7 @@ from reservoir.core.model.common import (
     MAX_SECONDS,
     MESSAGE_LENGTH,
     OBJECT_NAME,
+    SPECULATION_GROUP,
     Condition,
     DeadlineAction,
     EnvelopePhase,
@@ -295,7 +296,18 @@ class ReservationEnvelopeSpec(Model):
         "claims and releases its balance once every claim has settled.",
     )
     policy: EnvelopePolicy = Field(
-        default_factory=EnvelopePolicy, description="Admission, lease and deadline policy."
+        default_factory=EnvelopePolicy,
+        description="Admission, lease and deadline policy. A field set here overrides the "
+        "serving class's preset; one set by neither takes its default.",
+    )
+    serving_class: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=SPECULATION_GROUP,
+        description="A serving class: named presets of the policy (lease length, queue "
+        "bounds, the ambiguity deadline and its action, the cancellation mode) and of "
+        "priority. Built in: Interactive, Batch, Agentic; an administrator adds classes in "
+        "the chart (servingClasses). The envelope's own policy fields override it.",
     )
     parent: str | None = Field(
         default=None,

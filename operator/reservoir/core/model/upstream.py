@@ -82,11 +82,12 @@ class Upstream(Model):
         description="The provider can cancel the operation while it is queued (accepted, "
         "not started); while it runs too unless cancelsRunning is false.",
     )
-    cancels_running: bool = Field(
-        default=True,
-        description="With supportsCancel: the provider can also cancel it once it runs "
-        "(client-disconnect.txt: cancellation is evaluated by operation phase). False: a "
-        "cancel of running work is only recorded, and its final report settles it.",
+    cancels_running: bool | None = Field(
+        default=None,
+        description="With supportsCancel: whether the provider can also cancel it once it "
+        "runs (client-disconnect.txt: cancellation is evaluated by operation phase). Unset "
+        "or true: yes. False: a cancel of running work is only recorded, and its final "
+        "report settles it.",
     )
     supports_status: bool = Field(default=False, description="Provider can report status.")
     ref: ObjectRef | None = Field(
