@@ -11,6 +11,7 @@ import re
 import subprocess
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -787,3 +788,53 @@ def test_a_namespaced_release_guards_the_placeholder_class_everywhere_and_no_poo
     cluster_wide = next(d for d in render({}) if d["metadata"]["name"] == "rel-reservoir-status")
     [rule] = cluster_wide["spec"]["matchConstraints"]["resourceRules"]
     assert "reservationpools/status" in rule["resources"]
+
+
+def test_serving_classes_reach_the_operator_and_the_admission_policy_checked_by_the_schema(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: the chart's classes go to the operator's --serving-classes (a change rolls
+    it), the tenant policy knows their names, and the schema refuses a class the operator
+    would refuse at start (found by review: install passed, the operator exited 2)."""
+    classes = {"Realtime": {"priority": 200, "policy": {"defaultLeaseSeconds": 15}}}
+    docs = render({"servingClasses": classes})
+    config = next(d for d in docs if d["metadata"]["name"] == "rel-reservoir-serving-classes")
+    written = tmp_path / "serving-classes.yaml"
+    written.write_text(config["data"]["serving-classes.yaml"])
+    from reservoir.cli.operator import read_serving_classes
+
+    assert read_serving_classes(str(written))["Realtime"].priority == 200
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    pod = deployment["spec"]["template"]
+    assert (
+        "--serving-classes=/etc/reservoir/serving-classes.yaml"
+        in pod["spec"]["containers"][0]["args"]
+    )
+    assert "checksum/serving-classes" in pod["metadata"]["annotations"]
+    policy = next(
+        d
+        for d in docs
+        if d["metadata"]["name"] == "rel-reservoir-serving-classes"
+        and d["kind"] == "ValidatingAdmissionPolicy"
+    )
+    assert '"Realtime"' in policy["spec"]["validations"][0]["expression"]
+    for bad in (
+        {"ambiguityDeadlineSeconds": 0},
+        {"maxActiveClaims": 5},
+        {"defaultLeaseSeconds": "x"},
+    ):
+        out = helm(
+            None,
+            "template",
+            "rel",
+            str(CHART),
+            "--kube-version",
+            KUBE_VERSION,
+            *set_args({"servingClasses": {"Fast": {"policy": bad}}}),
+            check=False,
+        )
+        assert "values don't meet the specifications" in out, (bad, out)
+    plain = render({})
+    assert not [
+        d for d in plain if "serving-classes" in d["metadata"]["name"] and d["kind"] == "ConfigMap"
+    ]

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from reservoir.core.model import (
+    MAX_SECONDS,
     DeadlineAction,
     EnvelopePolicy,
     Model,
@@ -41,12 +42,12 @@ CLASS_POLICY_FIELDS = (
 class ClassPolicy(Model):
     """The part of an envelope's policy a serving class presets (each field optional)."""
 
-    default_lease_seconds: int | None = Field(default=None, ge=1)
-    max_claim_lifetime_seconds: int | None = Field(default=None, ge=1)
-    max_queue_seconds: int | None = Field(default=None, ge=1)
-    ambiguity_deadline_seconds: int | None = Field(default=None, ge=0)
+    default_lease_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    max_claim_lifetime_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    max_queue_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    ambiguity_deadline_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     at_ambiguity_deadline: DeadlineAction | None = None
-    queue_bound_seconds: int | None = Field(default=None, ge=1)
+    queue_bound_seconds: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     at_queue_bound: QueueBoundAction | None = None
     upstream_cancel: UpstreamCancel | None = None
 
