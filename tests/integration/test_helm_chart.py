@@ -838,3 +838,11 @@ def test_serving_classes_reach_the_operator_and_the_admission_policy_checked_by_
     assert not [
         d for d in plain if "serving-classes" in d["metadata"]["name"] and d["kind"] == "ConfigMap"
     ]
+
+
+def test_a_release_name_with_dots_makes_a_valid_service_name() -> None:
+    """Issue 25's rough edge: a Service's name is a DNS-1035 label (no dots)."""
+    docs = render({}, name="team.a")
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert service["metadata"]["name"] == "team-a-reservoir-metrics"
+    assert re.fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", service["metadata"]["name"])

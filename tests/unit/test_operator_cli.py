@@ -208,3 +208,14 @@ def test_the_placement_allow_list_reaches_the_device_holder(
     assert allowed.node_label_keys == {"kubernetes.io/hostname", "zone"}
     monkeypatch.delenv("RESERVOIR_PLACEMENT_ALLOWED")
     assert placement_allow_list() is None
+
+
+def test_the_plugins_help_keeps_one_verb_a_line() -> None:
+    """Issue 25's rough edge: argparse refolded the usage into one paragraph."""
+    from reservoir.cli.plugin import parser
+
+    shown = parser().format_help()
+    for verb in ("hold", "dispatch|cancel|renew|get", "usage", "finish", "ledger", "recommend"):
+        assert any(
+            line.strip().startswith(f"kubectl reservoir {verb}") for line in shown.splitlines()
+        ), verb

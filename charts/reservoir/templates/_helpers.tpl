@@ -20,6 +20,12 @@
 {{- end }}
 {{- end }}
 
+{{- /* The metrics Service's name: a DNS-1035 label, so no dots (a release named
+       "team.a" made an invalid Service). */}}
+{{- define "reservoir.metricsService" -}}
+{{- printf "%s-metrics" (include "reservoir.fullname" . | replace "." "-") }}
+{{- end }}
+
 {{- define "reservoir.chart" -}}
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}

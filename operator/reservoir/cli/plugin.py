@@ -6,8 +6,8 @@
     kubectl reservoir finish CLAIM tokens=12k --outcome Succeeded [--result s3://b/out]
     kubectl reservoir result CLAIM [-n NS]              # phase, outcome, result reference, C
     kubectl reservoir history CLAIM [-n NS]             # the claim's recorded transitions
-    kubectl reservoir compensate CLAIM --amount cost=-2.50 [--amount tokens=100] \
-        --reason "refund, ticket 42" [--reference INV-7] [--key K]   # after settlement
+    kubectl reservoir compensate CLAIM --amount cost=-2.50 --reason "refund"  # after settlement
+        [--amount tokens=100] [--reference INV-7] [--key K]
     kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
     kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
     kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing, by contract
@@ -741,7 +741,12 @@ def _capacity_table(rec: Recommendation) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
-    main = argparse.ArgumentParser(prog="kubectl reservoir", description=__doc__)
+    # The module docstring is the usage: one verb a line, as written (not refolded).
+    main = argparse.ArgumentParser(
+        prog="kubectl reservoir",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     main.add_argument("-n", "--namespace", help="namespace (default: the kubeconfig's)")
     main.add_argument("--kubeconfig", help="kubeconfig file (default: $KUBECONFIG)")
     main.add_argument(
