@@ -55,6 +55,7 @@ POLICIES = (
     "status",
     "metadata",
     "compensations",
+    "serving-classes",
     "provider-urls",
 )
 MONITORING = {

@@ -201,11 +201,17 @@ def patch_spec(cluster: ClusterHandle, ns: str, claim: str, spec: dict[str, Any]
     """A worker writing its claim directly (as one that comes back late would, without the
     SDK's checks), under the claim's current lease (`spec.lease.fence`, as the API server
     requires of a report)."""
-    current = json.loads(cluster.kubectl("get", "bclaim", claim, "-n", ns, "-o", "json"))
-    fenced = under_lease(current, spec)
-    cluster.kubectl(
-        "patch", "bclaim", claim, "-n", ns, "--type", "merge", "-p", json.dumps({"spec": fenced})
-    )
+    for _ in range(20):  # the lease may move between the read and the write: read again
+        current = json.loads(cluster.kubectl("get", "bclaim", claim, "-n", ns, "-o", "json"))
+        fenced = json.dumps({"spec": under_lease(current, spec)})
+        try:
+            cluster.kubectl("patch", "bclaim", claim, "-n", ns, "--type", "merge", "-p", fenced)
+            return
+        except RuntimeError as error:
+            if "must carry the current lease" not in str(error):
+                raise
+            time.sleep(0.2)
+    raise AssertionError(f"branchclaim/{claim}: its lease kept moving")
 
 
 def poke(cluster: ClusterHandle, ns: str, claim: str, n: int) -> None:

@@ -375,6 +375,9 @@ class World:
     # final report, whichever comes first; the other then says the same (one truth).
     used: dict[str, Decimal] = field(default_factory=dict)
     suspensions: set[str] = field(default_factory=set)  # Jobs suspended for a cancel
+    # Heartbeats written so far: a Lease's renewTime never repeats, so neither does a token
+    # (the audit once wrote hb-2, hb-0, hb-2: an A-B-A no Lease can show).
+    beats: int = 0
 
     def apply(self, write: Write, now: datetime, runs: tuple[Run, Run]) -> None:
         """Apply one write if the API server would accept it and it can follow in both
@@ -459,7 +462,9 @@ class World:
         elif write.kind.startswith("job_"):
             self._job(uid, write, spec, runs)
         elif write.kind == "heartbeat":
-            self.claims[uid] = replace(facts, heartbeat=f"hb-{write.arg}", heartbeat_holder="w")
+            self.beats += 1
+            token = f"hb-{write.arg}-{self.beats}"
+            self.claims[uid] = replace(facts, heartbeat=token, heartbeat_holder="w")
         elif write.kind == "pod" and not wanted and by_pod and not frozen_execution:
             self._pod(uid, max(self.pods.get(uid, 0), write.arg))
         elif write.kind == "pod" and wanted and uid in self.pods:
