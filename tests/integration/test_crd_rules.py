@@ -754,6 +754,13 @@ STATELESS_EXAMPLES = [
         {"compensations": [REFUND, {**REFUND, "refund": {"tokens": "1"}}]},
     ),
     ("ReservationPool", "may not exceed 1E", {"capacity": {"tokens": "2E"}}),
+    ("ReservationPool", "shares name only namespaces the pool lists", {"shares": {"c": {}}}),
+    ("ReservationPool", "shares are keyed by namespace names", {"shares": {"Team_A": {}}}),
+    (
+        "ReservationPool",
+        "a priority class's name is a label value",
+        {"priorityClasses": {"../urgent": {"value": 1}}},
+    ),
 ]
 
 

@@ -226,6 +226,8 @@ OTHER_GRAMMARS = {
     "compensations[].key": COMPENSATION_KEY,
     ".spec.speculationGroup": SPECULATION_GROUP,
     ".spec.servingClass": SPECULATION_GROUP,  # the same grammar: a label value, not empty
+    ".spec.priorityClassName": SPECULATION_GROUP,
+    "priorityClasses.*.namespaces[]": NAMESPACE_NAME,
 }
 # The core/v1 scheduling types of a claim's placement hints (reservoir.core.scheduling).
 SCHEDULING_GRAMMARS = {LABEL_KEY, LABEL_VALUE, scheduling.NAMESPACE_NAME, NODE_NAME}

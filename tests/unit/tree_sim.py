@@ -47,6 +47,7 @@ from reservoir.core.borrowing import SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
 from reservoir.core.childlines import LOST_CHILDREN_PREFIX, current, line_of
 from reservoir.core.claimstatus import claim_status, settled_record
+from reservoir.core.fairshare import pool_refusal
 from reservoir.core.lifecycle import ClaimFacts
 from reservoir.core.model import (
     MAX_DEPTH,
@@ -125,6 +126,7 @@ class Envelope:
     created_at: datetime
     spec: ReservationEnvelopeSpec
     deleting: bool = False
+    namespace: str = NAMESPACE
     # a person's audited decisions about gone objects (the force-settle-gone annotation)
     force_settle_gone: Mapping[str, str] = field(default_factory=dict)
 
@@ -150,11 +152,31 @@ class World:
     changes: int = 0  # bumped by every write: runs log a snapshot per change
 
     @staticmethod
-    def with_pool(capacity: Mapping[str, Any], contracts: Mapping[str, Any] | None = None) -> World:
+    def with_pool(
+        capacity: Mapping[str, Any],
+        contracts: Mapping[str, Any] | None = None,
+        namespaces: Iterable[str] = (NAMESPACE,),
+        **sharing: Any,
+    ) -> World:
+        """`sharing`: the pool's other spec fields (shares, priorityClasses, state, ...)."""
         spec = ReservationPoolSpec.model_validate(
-            {"capacity": capacity, "namespaces": [NAMESPACE], "contracts": contracts or {}}
+            {
+                "capacity": capacity,
+                "namespaces": list(namespaces),
+                "contracts": contracts or {},
+                **sharing,
+            }
         )
         return World(pool=PoolFacts(spec=spec, name="tenant", uid="pool-uid"))
+
+    def update_pool(self, **changes: Any) -> None:
+        """An administrator edits the pool's spec (its shares, classes, state)."""
+        assert self.pool is not None
+        spec = ReservationPoolSpec.model_validate(
+            {**self.pool.spec.model_dump(by_alias=True), **changes}
+        )
+        self.pool = replace(self.pool, spec=spec)
+        self.changes += 1
 
     def uid(self, name: str) -> str:
         """The uid of the latest envelope of that name (or the one it would get)."""
@@ -174,6 +196,8 @@ class World:
         uid: str | None = None,
         lifetime: int | None = None,
         contracts: Mapping[str, Any] | None = None,
+        namespace: str = NAMESPACE,
+        priority_class: str | None = None,
     ) -> str:
         """`uid`: another one for a name used before (the one it had must be gone)."""
         uid = uid or f"{name}-uid"
@@ -186,9 +210,10 @@ class World:
                 "policy": policy,
                 "lifetimeSeconds": lifetime,
                 "contracts": contracts or {},
+                "priorityClassName": priority_class,
             }
         )
-        self.envelopes[uid] = Envelope(uid, name, self.now, spec)
+        self.envelopes[uid] = Envelope(uid, name, self.now, spec, namespace=namespace)
         self.changes += 1
         return uid
 
@@ -260,8 +285,9 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
         name=envelope.name,
         created_at=envelope.created_at,
         capacity=envelope.spec.capacity,
-        namespace=NAMESPACE,
+        namespace=envelope.namespace,
         priority=envelope.spec.priority,
+        priority_class=envelope.spec.priority_class_name,
         accepting=envelope.open_at(now)
         and status.closed_at is None
         and not status.closed_by_parent,
@@ -269,6 +295,11 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
         balance_released=dict(status.balance_released) if status.closed_at is not None else None,
         contracts=envelope.spec.contracts,
     )
+
+
+def refusal_message(spec: ReservationPoolSpec, envelope: Envelope) -> str | None:
+    refusal = pool_refusal(spec, envelope.namespace, envelope.spec.priority_class_name)
+    return None if refusal is None else refusal.message
 
 
 def sibling_facts(
@@ -464,6 +495,7 @@ class Run:
                 pool.spec.contracts,
                 pool_status.children.get(envelope.uid),
                 pool.deleting,
+                refusal=refusal_message(pool.spec, envelope),
             )
         named = [(e, s) for e, s in seen.values() if e.name == envelope.spec.parent]
         if not named:

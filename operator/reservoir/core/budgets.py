@@ -59,6 +59,7 @@ class ChildFacts:
     capacity: Mapping[str, Decimal]
     namespace: str = ""
     priority: int = 0
+    priority_class: str | None = None  # the pool's class it names (a root envelope)
     accepting: bool = True  # not closed, expired or being deleted: it may still be admitted
     record: ParentRecord | None = None  # the child's own record of where it draws from
     balance_released: Mapping[str, Decimal] | None = None  # set once the child has closed
@@ -319,6 +320,9 @@ class ParentView:
     line: ChildEntry | None = None  # its ledger's line for this child
     deleting: bool = False
     cycle: bool = False  # following the parents leads back to this envelope
+    # Why the parent admits none of this child now, whatever its room (a Closed pool, a
+    # priority class its namespace may not use): shown while it waits.
+    refusal: str | None = None
 
     @property
     def gone(self) -> bool:
@@ -393,6 +397,8 @@ def _why_waiting(
     )
     if problem is not None:
         return f"{what} cannot admit it: {problem}"
+    if parent.refusal is not None:
+        return f"waiting for {what}: {parent.refusal}"
     return f"waiting for room in {what}"
 
 

@@ -6,15 +6,17 @@ a pool has no claims, no lifetime and no parent of its own (it is depth 0).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from decimal import Decimal
 
 from reservoir.core.budgets import (
     ChildFacts,
     ChildLedger,
     ParentIdentity,
     admit_child,
+    drawn_part,
     settle_children,
     waiting_children,
 )
@@ -34,15 +36,26 @@ from reservoir.core.contracts import (
     types,
     uncommit_reusable,
 )
+from reservoir.core.fairshare import (
+    POOL_CLOSED,
+    FairQueue,
+    SharingRules,
+    Waiting,
+    rendered_share,
+    weighted_share,
+)
 from reservoir.core.inflight import NEXT_MOVES
-from reservoir.core.ledger import compute_totals, one_line
+from reservoir.core.ledger import add, compute_totals, nonzero, one_line, subtract
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
+    MAX_POOL_NAMESPACES,
     SUMMARY_LENGTH,
     ChildEntry,
     ChildPhase,
+    EnvelopeState,
     EnvelopeSummary,
+    NamespaceUsage,
     ParentKind,
     ReservationPoolSpec,
     ReservationPoolStatus,
@@ -77,6 +90,8 @@ class PoolReconciliation:
     # Every line after the pass, in flight or held by its envelope (`status.children` keeps
     # only those in flight): those not yet settled and mirrored.
     lines: dict[str, ChildEntry] = field(default_factory=dict)
+    # The waiting envelopes' UIDs in the order the pass considered them (fair share).
+    order: list[str] = field(default_factory=list)
 
 
 def reconcile_pool(
@@ -116,18 +131,7 @@ def reconcile_pool(
     settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
     lines = view.lines
     balance = compute_totals(pool.spec.capacity, children.committed, (), lines.values()).available
-    queue = sorted(waiting_children(envelopes, lines), key=lambda c: c.queue_key.sort_key())
-    blocked_by: str | None = None
-    for child in queue:
-        blocked_by = admit_child(
-            children,
-            child,
-            balance,
-            pool.spec.capacity,
-            POOL_DEPTH,
-            not pool.deleting,
-            blocked_by,
-        )
+    order = admit_fairly(pool, children, waiting_children(envelopes, lines), lines, balance)
     ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
     ledger.totals = compute_totals(pool.spec.capacity, children.committed, (), lines.values())
     ledger.contracts = types(contracts)
@@ -138,6 +142,7 @@ def reconcile_pool(
     if children.pending:
         counts["Pending"] = len(children.pending)
     ledger.counts = dict(sorted(counts.items()))
+    ledger.shares = namespace_usage(pool, lines, envelopes, children.pending)
     ledger.summary = EnvelopeSummary(
         capacity=one_line(ledger.totals.capacity),
         available=one_line(ledger.totals.available),
@@ -153,12 +158,7 @@ def reconcile_pool(
     ledger.conditions = merge_conditions(
         ledger.conditions,
         [
-            Desired(
-                "Ready",
-                not pool.deleting,
-                "Deleting" if pool.deleting else "AdmitsEnvelopes",
-                "waiting for its envelopes to settle" if pool.deleting else "",
-            ),
+            ready(pool),
             Desired(
                 "AllEnvelopesCapped",
                 not uncapped,
@@ -182,4 +182,111 @@ def reconcile_pool(
     wake_at = next_return(ledger.windows)
     if children.postponed:
         wake_at = min(wake_at or now + NEXT_MOVES, now + NEXT_MOVES)
-    return PoolReconciliation(ledger, children.events, children.pending, wake_at, after)
+    return PoolReconciliation(ledger, children.events, children.pending, wake_at, after, order)
+
+
+def ready(pool: PoolFacts) -> Desired:
+    if pool.deleting:
+        return Desired("Ready", False, "Deleting", "waiting for its envelopes to settle")
+    if pool.spec.state is EnvelopeState.CLOSED:
+        return Desired("Ready", False, "Closed", POOL_CLOSED.message)
+    return Desired("Ready", True, "AdmitsEnvelopes", "")
+
+
+def admit_fairly(
+    pool: PoolFacts,
+    children: ChildLedger,
+    waiting: Sequence[ChildFacts],
+    lines: Mapping[str, ChildEntry],
+    balance: dict[str, Decimal],
+) -> list[str]:
+    """Admit what waits in fair-share order (reservoir.core.fairshare), withdraw what closed
+    before it was admitted. Returns the UIDs considered, in order."""
+    capacity = pool.spec.capacity
+    queued: list[Waiting] = []
+    for child in waiting:
+        if not child.accepting or pool.deleting or not child.readable:
+            # Withdrawn (closed before admission, or the pool goes), or unreadable: no turn.
+            admit_child(children, child, balance, capacity, POOL_DEPTH, not pool.deleting, None)
+        elif pool.spec.state is EnvelopeState.CLOSED:
+            children.pending[child.uid] = POOL_CLOSED
+        else:
+            wanted = drawn_part(ParentKind.POOL, child.capacity, capacity)
+            queued.append(
+                Waiting(
+                    child.uid,
+                    child.namespace,
+                    child.name,
+                    child.created_at,
+                    wanted,
+                    child.priority_class,
+                )
+            )
+    held, open_counts = holdings(lines.values())
+    queue = FairQueue(SharingRules.of(pool.spec), held, open_counts, queued)
+    facts = {child.uid: child for child in waiting}
+    blocked_by: str | None = None
+    while (entry := queue.next()) is not None:
+        own = queue.within_guarantee(entry)  # its own part: no one ahead could use it
+        room = queue.room(entry, balance)
+        blocked_by = (
+            admit_child(
+                children,
+                facts[entry.uid],
+                room,
+                capacity,
+                POOL_DEPTH,
+                True,
+                None if own else blocked_by,
+            )
+            or blocked_by
+        )
+        line = children.children.get(entry.uid)
+        if line is not None and line.phase is ChildPhase.RESERVED:
+            queue.admitted(entry)
+            balance.update(subtract(balance, line.reserved))
+    children.pending.update(queue.refused)
+    return [entry.uid for entry in queue.order]
+
+
+def holdings(
+    lines: Iterable[ChildEntry],
+) -> tuple[dict[str, dict[str, Decimal]], dict[str, int]]:
+    """What each namespace's open envelopes hold here, and how many there are."""
+    held: dict[str, dict[str, Decimal]] = {}
+    open_counts: dict[str, int] = {}
+    for line in lines:
+        if line.phase is ChildPhase.RESERVED:
+            held[line.namespace] = add(held.get(line.namespace, {}), line.reserved)
+            open_counts[line.namespace] = open_counts.get(line.namespace, 0) + 1
+    return held, open_counts
+
+
+def namespace_usage(
+    pool: PoolFacts,
+    lines: Mapping[str, ChildEntry],
+    envelopes: Sequence[ChildFacts],
+    pending: Mapping[str, Admission],
+) -> dict[str, NamespaceUsage]:
+    """Per namespace holding or waiting here: the pool's fair-share standing."""
+    rules = SharingRules.of(pool.spec)
+    held, open_counts = holdings(lines.values())
+    waiting: dict[str, int] = {}
+    for envelope in envelopes:
+        if envelope.uid in pending:
+            waiting[envelope.namespace] = waiting.get(envelope.namespace, 0) + 1
+    shown = sorted(set(held) | set(waiting))[:MAX_POOL_NAMESPACES]
+    return {
+        namespace: NamespaceUsage(
+            held=nonzero(held.get(namespace, {})),
+            share=rendered_share(
+                weighted_share(
+                    held.get(namespace, {}), rules.capacity, rules.share(namespace).weight
+                )
+            ),
+            weight=rules.share(namespace).weight,
+            open=open_counts.get(namespace, 0),
+            waiting=waiting.get(namespace, 0),
+        )
+        for namespace in shown
+    }

@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from reservoir.core.borrowing import SiblingFacts
 from reservoir.core.budgets import ChildFacts, ParentView
+from reservoir.core.fairshare import pool_refusal
 from reservoir.core.model import (
     MAX_DEPTH,
     ParentKind,
@@ -73,6 +74,7 @@ def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts:
     return ChildFacts(
         capacity=spec.capacity,
         priority=spec.priority,
+        priority_class=spec.priority_class_name,
         accepting=not (closed or spec.state.value == "Closed" or expired),
         contracts=spec.contracts,
         **common,
@@ -152,7 +154,7 @@ async def parent_view(
                 **{**view.__dict__, "cycle": await _cycle(client, namespace, uid, spec.parent)}
             )
         return view
-    return await covering_pool(client, namespace, uid)
+    return await covering_pool(client, namespace, uid, spec)
 
 
 def envelope_view(body: Mapping[str, Any] | None, name: str, child_uid: str) -> ParentView:
@@ -178,7 +180,15 @@ def envelope_view(body: Mapping[str, Any] | None, name: str, child_uid: str) -> 
     )
 
 
-def pool_view(body: Mapping[str, Any] | None, child_uid: str, name: str = "") -> ParentView:
+def pool_view(
+    body: Mapping[str, Any] | None,
+    child_uid: str,
+    name: str = "",
+    child: ReservationEnvelopeSpec | None = None,
+    namespace: str = "",
+) -> ParentView:
+    """`child`, `namespace`: the waiting envelope's, to say why the pool will not admit it
+    (Closed, or a priority class its namespace may not use)."""
     if body is None:
         return ParentView(ParentKind.POOL, name)
     try:
@@ -187,6 +197,9 @@ def pool_view(body: Mapping[str, Any] | None, child_uid: str, name: str = "") ->
     except ValidationError as error:
         pool = body["metadata"]["name"]
         raise UnreadableEnvelopeError(f"its pool {pool} cannot be read: {error}") from None
+    refusal = (
+        pool_refusal(spec, namespace, child.priority_class_name) if child is not None else None
+    )
     return ParentView(
         ParentKind.POOL,
         body["metadata"]["name"],
@@ -196,6 +209,7 @@ def pool_view(body: Mapping[str, Any] | None, child_uid: str, name: str = "") ->
         contracts=spec.contracts,
         line=status.children.get(child_uid),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
+        refusal=None if refusal is None else refusal.message,
     )
 
 
@@ -220,7 +234,9 @@ def chosen_pool(pools: list[dict[str, Any]], namespace: str) -> dict[str, Any] |
     return None
 
 
-async def covering_pool(client: AsyncClient, namespace: str, uid: str) -> ParentView | None:
+async def covering_pool(
+    client: AsyncClient, namespace: str, uid: str, spec: ReservationEnvelopeSpec
+) -> ParentView | None:
     """The pool whose ledger already holds a line for this envelope (even one being
     deleted), else the pool its namespace draws from now; None: no pool covers it."""
     pools = await list_pools(client)
@@ -228,7 +244,7 @@ async def covering_pool(client: AsyncClient, namespace: str, uid: str) -> Parent
         if uid in ((pool.get("status") or {}).get("children") or {}):
             return pool_view(pool, uid)
     chosen = chosen_pool(pools, namespace)
-    return pool_view(chosen, uid) if chosen is not None else None
+    return pool_view(chosen, uid, child=spec, namespace=namespace) if chosen else None
 
 
 async def _cycle(client: AsyncClient, namespace: str, uid: str, parent: str) -> bool:

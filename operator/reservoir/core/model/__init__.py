@@ -152,6 +152,9 @@ from reservoir.core.model.placement import (
 )
 from reservoir.core.model.pool import (
     NAMESPACE_NAME,
+    NamespaceShare,
+    NamespaceUsage,
+    PriorityClass,
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
@@ -250,6 +253,8 @@ __all__ = [
     "Loan",
     "LoanPhase",
     "Model",
+    "NamespaceShare",
+    "NamespaceUsage",
     "ObjectRef",
     "Outcome",
     "Overrun",
@@ -258,6 +263,7 @@ __all__ = [
     "PhysicalHold",
     "Placement",
     "PlacementStatus",
+    "PriorityClass",
     "ProviderEndpoint",
     "ProviderRecord",
     "ProviderState",

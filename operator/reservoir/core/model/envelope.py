@@ -325,8 +325,18 @@ class ReservationEnvelopeSpec(Model):
         default=0,
         ge=-1_000_000,
         le=1_000_000,
-        description="Order among what waits for the same parent or pool (claims and "
-        "envelopes alike): higher first, then older first.",
+        description="Order among what waits inside the same parent envelope (claims and "
+        "child envelopes alike): higher first, then older first. A pool orders the root "
+        "envelopes of its tenants by the classes its administrator defines "
+        "(priorityClassName), never by this number.",
+    )
+    priority_class_name: str | None = Field(
+        default=None,
+        max_length=63,
+        pattern=SPECULATION_GROUP,
+        description="A root envelope's class in its pool's queue: one of the pool's "
+        "priorityClasses that its namespace may use. Unset: value 0. (Ignored for an "
+        "envelope with a parent: its parent orders it by priority.)",
     )
 
 

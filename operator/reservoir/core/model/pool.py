@@ -9,14 +9,18 @@ from pydantic import (
     ConfigDict,
     Field,
 )
+from pydantic.config import JsonDict
 
 from reservoir.core.model.common import (
     MAX_CHILDREN,
     MAX_CONDITIONS,
     MAX_POOL_NAMESPACES,
+    SPECULATION_GROUP,
     Condition,
+    EnvelopeState,
     Model,
     ResourceMap,
+    recorded_map,
     resource_map,
 )
 from reservoir.core.model.contract import (
@@ -34,13 +38,68 @@ from reservoir.core.model.ledger import (
 )
 
 NAMESPACE_NAME = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
+MAX_PRIORITY_CLASSES = 16
+MAX_WEIGHT = 1000
+MAX_OPEN_ENVELOPES = 10_000
+
+
+SHARES_LISTED: JsonDict = {
+    "rule": "!has(self.shares) || self.shares.all(n, n in self.namespaces)",
+    "message": "shares name only namespaces the pool lists",
+}
+
+
+class NamespaceShare(Model):
+    """One namespace's part of the pool: its weight in the fair share, the amounts no other
+    namespace may take from it, and a cap on what it holds open at once."""
+
+    weight: int = Field(
+        default=1,
+        ge=1,
+        le=MAX_WEIGHT,
+        description="Its weight in the pool's fair share (weighted dominant resource "
+        "fairness): under saturation each namespace holds about weight / Σ weights of the "
+        "pool in its dominant resource. Default 1.",
+    )
+    guaranteed: ResourceMap = resource_map(
+        "Amounts of the pool's resources kept for this namespace: while it holds less, no "
+        "other namespace is admitted into what it does not use. Not lent out (so not "
+        "reclaimed by preempting anyone): a guarantee costs idle capacity, and is priced so."
+    )
+    max_open_envelopes: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_OPEN_ENVELOPES,
+        description="At most this many of its envelopes hold lines here at once; others wait "
+        "(overrides the pool's maxOpenEnvelopesPerNamespace).",
+    )
+
+
+class PriorityClass(Model):
+    """A priority an administrator defines for the pool's queue: tenants name a class
+    (`spec.priorityClassName` on a root envelope), never pick a number across tenants."""
+
+    value: int = Field(
+        ge=-1_000_000,
+        le=1_000_000,
+        description="Higher is admitted first across the pool's namespaces, before fair "
+        "share and age.",
+    )
+    namespaces: list[Annotated[str, Field(max_length=63, pattern=NAMESPACE_NAME)]] | None = Field(
+        default=None,
+        max_length=MAX_POOL_NAMESPACES,
+        description="The namespaces that may name this class; unset: every namespace of "
+        "the pool. An envelope naming a class its namespace may not use waits, and says "
+        "so.",
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
 
 
 class ReservationPoolSpec(Model):
     """A tenant's quota: what the root envelopes of its namespaces may hold in total."""
 
     model_config = ConfigDict(
-        json_schema_extra={"x-kubernetes-validations": [CONTRACTS_NAME_CAPACITY]}
+        json_schema_extra={"x-kubernetes-validations": [CONTRACTS_NAME_CAPACITY, SHARES_LISTED]}
     )
 
     capacity: ResourceMap = resource_map(
@@ -67,6 +126,72 @@ class ReservationPoolSpec(Model):
             ],
         },
     )
+    state: EnvelopeState = Field(
+        default=EnvelopeState.OPEN,
+        description="Open admits envelopes. Closed admits none and keeps everything else: "
+        "the envelopes it holds go on, and return their balance when they close; those "
+        "waiting wait (a tenant's budget frozen without deleting the pool). May reopen.",
+    )
+    shares: dict[str, NamespaceShare] = Field(
+        default_factory=dict,
+        description="Per namespace (each one listed in namespaces): its weight, guarantee "
+        "and cap. A namespace not named here has weight 1, no guarantee, and the pool's "
+        "maxOpenEnvelopesPerNamespace.",
+        json_schema_extra={
+            "maxProperties": MAX_POOL_NAMESPACES,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, size(k) <= 63 && k.matches('{NAMESPACE_NAME}'))",
+                    "message": "shares are keyed by namespace names",
+                }
+            ],
+        },
+    )
+    max_open_envelopes_per_namespace: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_OPEN_ENVELOPES,
+        description="At most this many envelopes of one namespace hold lines here at once "
+        "(a namespace's share may set its own).",
+    )
+    max_open_envelopes: int | None = Field(
+        default=None,
+        ge=1,
+        le=MAX_OPEN_ENVELOPES,
+        description="At most this many envelopes hold lines here at once, across namespaces.",
+    )
+    priority_classes: dict[str, PriorityClass] = Field(
+        default_factory=dict,
+        description="The classes a root envelope of the pool's namespaces may name "
+        "(spec.priorityClassName). An envelope naming none has value 0. The envelope's own "
+        "`priority` orders only what waits inside it, never across tenants.",
+        json_schema_extra={
+            "maxProperties": MAX_PRIORITY_CLASSES,
+            "x-kubernetes-validations": [
+                {
+                    "rule": f"self.all(k, size(k) <= 63 && k.matches('{SPECULATION_GROUP}'))",
+                    "message": "a priority class's name is a label value (at most 63 "
+                    "characters: letters, digits, '-', '_', '.')",
+                }
+            ],
+        },
+    )
+
+
+class NamespaceUsage(Model):
+    """What one namespace holds in the pool, as of the last write."""
+
+    held: ResourceMap = recorded_map("The capacity its open envelopes hold here.")
+    share: str = Field(
+        default="0",
+        max_length=32,
+        description="Its dominant share (the largest of held / capacity over the pool's "
+        "resources) divided by its weight, to 4 decimal places: the pool admits the "
+        "namespace with the lowest first.",
+    )
+    weight: int = Field(default=1, ge=1, le=MAX_WEIGHT, description="Its weight.")
+    open: int = Field(default=0, ge=0, description="Its envelopes holding lines here.")
+    waiting: int = Field(default=0, ge=0, description="Its envelopes waiting here.")
 
 
 class ReservationPoolStatus(ContractBook):
@@ -94,6 +219,12 @@ class ReservationPoolStatus(ContractBook):
         default=None,
         description="The count and a digest of the reserved lines held by envelopes (not in "
         "flight): a pass checks its view of the envelopes against it.",
+    )
+    shares: dict[str, NamespaceUsage] = Field(
+        default_factory=dict,
+        description="Per namespace holding or waiting here: what it holds, its weighted "
+        "dominant share, its open and waiting envelopes.",
+        json_schema_extra={"maxProperties": MAX_POOL_NAMESPACES},
     )
     counts: dict[str, int] = Field(
         default_factory=dict,
