@@ -28,7 +28,11 @@ one is needed:
   memory, kill -9 and restart → first ledger write and a new claim admitted, 429s;
 - pool: one tenant pool with more root envelopes open at once than its status could ever
   list (300; `--full` 3,000): envelopes admitted/s, the pool's status size and writes, CPU
-  per envelope, then all deleted together and everything back in the pool.
+  per envelope, then all deleted together and everything back in the pool;
+- fairshare: three namespaces with weights 1, 1, 2 saturating one pool (five minutes;
+  `--full` ten): each one's time-averaged fraction of the pool against its weighted share,
+  beside the same load with equal weights (tests/integration/test_fair_sharing.py runs
+  it shorter with a tolerance).
 
 Each scenario writes bench/results/<scenario>.json (machine, parameters, figures) and
 .png; the run ends with a summary table (scenario, figure, value, target, ratio), also in
@@ -70,6 +74,7 @@ from lightkube.models.meta_v1 import ObjectMeta  # noqa: E402
 from tests.clusters import schemaless_crd  # noqa: E402
 
 import audit  # noqa: E402
+import fairshare  # noqa: E402
 import load  # noqa: E402
 import plots  # noqa: E402
 import request_costs  # noqa: E402
@@ -96,6 +101,7 @@ SCENARIOS = (
     "scale",
     "requests",
     "pool",
+    "fairshare",
 )
 OPERATOR_USER = "reservoir-operator"
 LOAD_USER = "bench-load"
@@ -122,6 +128,7 @@ class Sizes:
     scale_concurrency: int
     latency_claims: int  # claims offered at latency_rate (open loop)
     pool_envelopes: int = 300  # root envelopes open at once in one tenant pool
+    fairshare_seconds: int = 300  # three namespaces saturating one pool
     latency_rate: float = 20.0  # claims/s: the issue's latency targets hold at 20/s
 
 
@@ -159,6 +166,7 @@ FULL = Sizes(
     scale_concurrency=64,
     latency_claims=1200,
     pool_envelopes=3000,
+    fairshare_seconds=600,
 )
 
 # The issue's targets (#10), on the 2-core machine: reported next to each figure, never
@@ -257,8 +265,17 @@ class Operator:
     """One `reservoir-operator -n NAMESPACE` process, as user reservoir-operator,
     optionally under pyinstrument."""
 
-    def __init__(self, bench: Bench, namespace: str, label: str, profile: Path | None = None):
+    def __init__(
+        self,
+        bench: Bench,
+        namespace: str,
+        label: str,
+        profile: Path | None = None,
+        more: tuple[str, ...] = (),
+    ):
+        """more: other namespaces it serves too."""
         self.bench, self.namespace, self.label, self.profile = bench, namespace, label, profile
+        self.more = more
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
         self.log_path = bench.cluster.logs / f"operator-{label}.log"
@@ -269,6 +286,7 @@ class Operator:
             str(VENV_BIN / "reservoir-operator"),
             "-n",
             self.namespace,
+            *(arg for namespace in self.more for arg in ("-n", namespace)),
             "--metrics-port",
             str(self.port),
         ]
@@ -1709,6 +1727,97 @@ def report_pool(bench: Bench, result: dict[str, Any]) -> None:
     bench.row(s, "pool available after", str(f.get("pool_available_after")))
 
 
+FAIRSHARE_WEIGHTS = (1, 1, 2)
+
+
+def scenario_fairshare(bench: Bench) -> dict[str, Any]:
+    """Issue 25: three namespaces with weights 1, 1 and 2 saturate one pool of 12 slots
+    (each keeps 3 envelopes of 1 slot waiting; each envelope goes 3 s after its admission)
+    for `fairshare_seconds`. What each holds, sampled from the pool's status every second:
+    its time-averaged fraction of what was held against weight / Σ weights, and the
+    envelopes admitted. The baseline in the same run is the same load on a pool whose
+    namespaces all weigh 1: the weights, not the arrival order, make the 1:1:2."""
+    seconds = bench.sizes.fairshare_seconds
+    spaces = [bench.namespace("fairshare") for _ in FAIRSHARE_WEIGHTS]
+    operator = Operator(bench, spaces[0], "fairshare", more=tuple(spaces[1:]))
+    operator.start()
+    client = fairshare.client_for(str(bench.load_kubeconfig))
+    figures: dict[str, Any] = {}
+    runs = {
+        "weighted": dict(zip(spaces, FAIRSHARE_WEIGHTS, strict=True)),
+        "unweighted": dict.fromkeys(spaces, 1),
+    }
+    try:
+        for label, weights in runs.items():
+            pool = f"bench-fairshare-{label}-{random.randbytes(2).hex()}"
+            shape = fairshare.Saturation(weights=weights, seconds=seconds)
+            say(f"fairshare ({label}): weights {list(weights.values())}, {seconds} s")
+            fairshare.create_pool(client, pool, shape)
+            try:
+                outcome = fairshare.run(client, pool, shape)
+                fractions = outcome.fractions(shape.warm_up_seconds)
+                expected = outcome.expected(weights)
+                status = fairshare.wait_returned(client, pool)
+                figures[label] = {
+                    "weights": list(weights.values()),
+                    "fractions": [round(float(fractions.get(ns, 0)), 4) for ns in weights],
+                    "expected": [round(float(expected[ns]), 4) for ns in weights],
+                    "largest_deviation": round(
+                        float(max(abs(fractions.get(ns, 0) - expected[ns]) for ns in weights)), 4
+                    ),
+                    "admitted": [outcome.admitted[ns] for ns in weights],
+                    "pool_available_after": (status.get("totals") or {}).get("available"),
+                    "samples": outcome.samples,
+                }
+            finally:
+                bench.cluster.kubectl("delete", "rpool", pool, "--wait=false")
+        weighted = figures["weighted"]
+        plots.series(
+            RESULTS / "fairshare.png",
+            f"fair share: weights {FAIRSHARE_WEIGHTS} on 12 slots, saturated",
+            {
+                f"ns{i + 1} (weight {w}): held": [
+                    (s["t"], float(s["held"][ns])) for s in weighted["samples"]
+                ]
+                for i, (ns, w) in enumerate(zip(spaces, FAIRSHARE_WEIGHTS, strict=True))
+            }
+            | {
+                f"ns{i + 1}: its share (weight {w})": [
+                    (0.0, 12.0 * w / sum(FAIRSHARE_WEIGHTS)),
+                    (float(seconds), 12.0 * w / sum(FAIRSHARE_WEIGHTS)),
+                ]
+                for i, w in enumerate(FAIRSHARE_WEIGHTS)
+                if i != 1  # ns1 and ns2 share one line
+            },
+            "slots held",
+        )
+    except RuntimeError as error:
+        figures["error"] = str(error)
+    finally:
+        operator.stop(timeout=120)
+    return {
+        "parameters": {"weights": FAIRSHARE_WEIGHTS, "seconds": seconds, "slots": 12},
+        "figures": figures,
+    }
+
+
+def report_fairshare(bench: Bench, result: dict[str, Any]) -> None:
+    f = result["figures"]
+    s = "fairshare"
+    if "error" in f:
+        bench.row(s, "error", f["error"][:90])
+    for label in ("weighted", "unweighted"):
+        run = f.get(label)
+        if run is None:
+            continue
+        shown = ", ".join(f"{x:.3f}" for x in run["fractions"])
+        wanted = ", ".join(f"{x:.3f}" for x in run["expected"])
+        bench.row(s, f"{label}: held fractions (weights {run['weights']})", shown)
+        bench.row(s, f"{label}: their shares", wanted)
+        bench.row(s, f"{label}: largest deviation", run["largest_deviation"])
+        bench.row(s, f"{label}: envelopes admitted", str(run["admitted"]))
+
+
 def scenario_requests(bench: Bench) -> dict[str, Any]:
     """The API server's CPU per request of each kind (no operator, nothing else running):
     fresh reads, an envelope's ledger write, a claim's status write."""
@@ -1767,6 +1876,7 @@ RUNNERS: dict[
     "scale": (scenario_scale, report_scale),
     "requests": (scenario_requests, report_requests),
     "pool": (scenario_pool, report_pool),
+    "fairshare": (scenario_fairshare, report_fairshare),
 }
 
 

@@ -608,6 +608,8 @@ def _install_upgrade_uninstall(
         ("clusterrole", "reservoir-envelope-editor", None),
         ("clusterrole", "reservoir-viewer", None),
         ("clusterrole", "reservoir-compensator", None),
+        ("clusterrole", "reservoir-pool-admin", None),
+        ("clusterrole", "reservoir-pool-viewer", None),
         ("priorityclass", f"{name}-placeholder", None),
         ("clusterkopfpeering", full, None),
         ("clusterrole", f"{full}-provider-tokens", None),

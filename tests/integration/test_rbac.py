@@ -357,3 +357,59 @@ def test_the_roles_are_aggregated_into_edit_and_view(
     forbidden(looker, "delete", "bclaim", "c", "-n", ns)
     assert can(editor, "delete", claims, ns) and not can(looker, "delete", claims, ns)
     allowed(editor, "delete", "bclaim", "c", "-n", ns, "--wait=false")
+
+
+def cluster_service_account(
+    cluster: ClusterHandle, ns: str, name: str, cluster_role: str, path: Path
+) -> Path:
+    """A ServiceAccount bound cluster-wide to `cluster_role` (pools are cluster-scoped)."""
+    cluster.kubectl("create", "serviceaccount", name, "-n", ns)
+    binding = f"{ns}-{name}"
+    cluster.kubectl(
+        "create",
+        "clusterrolebinding",
+        binding,
+        f"--clusterrole={cluster_role}",
+        f"--serviceaccount={ns}:{name}",
+    )
+    return token_kubeconfig(cluster, name, ns, path)
+
+
+def pool_manifest(name: str, ns: str) -> str:
+    return json.dumps(
+        {
+            "apiVersion": "reservoir.dev/v1alpha1",
+            "kind": "ReservationPool",
+            "metadata": {"name": name},
+            "spec": {"capacity": {"tokens": "10"}, "namespaces": [ns]},
+        }
+    )
+
+
+def test_a_pool_admin_runs_pools_a_pool_viewer_reads_them_and_tenants_do_neither(
+    cluster: ClusterHandle, ns: str, chart: tuple[str, str], tmp_path: Path
+) -> None:
+    admin = cluster_service_account(cluster, ns, "padmin", "reservoir-pool-admin", tmp_path / "a")
+    viewer = cluster_service_account(
+        cluster, ns, "pviewer", "reservoir-pool-viewer", tmp_path / "v"
+    )
+    editor = service_account(cluster, ns, "peditor", "edit", tmp_path / "e")
+    pool = f"rbac-{ns}"
+    try:
+        allowed(admin, "create", "-f", "-", input=pool_manifest(pool, ns))
+        # Closing a pool freezes a tenant's budget: the admin's, not the tenants'.
+        allowed(admin, "patch", "rpool", pool, "--type=merge", "-p", '{"spec":{"state":"Closed"}}')
+        forbidden(
+            admin, "patch", "rpool", pool, "--subresource=status", "--type=merge",
+            "-p", '{"status":{"stamp":7}}',
+        )  # fmt: skip
+        allowed(viewer, "get", "rpool", pool)
+        forbidden(viewer, "patch", "rpool", pool, "--type=merge", "-p", '{"spec":{"state":"Open"}}')
+        forbidden(viewer, "delete", "rpool", pool)
+        forbidden(editor, "get", "rpool", pool)
+        forbidden(editor, "create", "-f", "-", input=pool_manifest(f"{pool}-x", ns))
+        allowed(admin, "delete", "rpool", pool, "--wait=false")
+    finally:
+        cluster.kubectl("delete", "rpool", pool, "--wait=false", "--ignore-not-found")
+        for name in ("padmin", "pviewer"):
+            cluster.kubectl("delete", "clusterrolebinding", f"{ns}-{name}", "--ignore-not-found")

@@ -10,6 +10,7 @@
         [--amount tokens=100] [--reference INV-7] [--key K]
     kubectl reservoir ledger ENVELOPE                   # and its child envelopes, as a tree
     kubectl reservoir pool POOL                         # a ReservationPool and its envelopes
+    kubectl reservoir why CLAIM | renv/ENVELOPE         # why it waits, who is ahead of it
     kubectl reservoir recommend CLASS [-n NS | -A] [-o json]   # right-sizing, by contract
 
 Claims created by `hold` name a lease holder, and only that holder may dispatch or renew
@@ -33,6 +34,8 @@ from fractions import Fraction
 
 from lightkube import ApiError
 
+from reservoir.cli.tables import table
+from reservoir.cli.why import explain_claim, explain_envelope
 from reservoir.core.childlines import LOST_CHILDREN_PREFIX
 from reservoir.core.inflight import newest
 from reservoir.core.ledger import ZERO, render, render_each
@@ -88,14 +91,6 @@ def resources(pairs: Sequence[str]) -> dict[str, str]:
             raise ReservoirError(f"{name} is given twice ({parsed[name]} and {amount}): once")
         parsed[name] = amount
     return parsed
-
-
-def table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
 
 
 def visible(text: str, *, keep_newlines: bool = False) -> str:
@@ -822,6 +817,10 @@ def parser() -> argparse.ArgumentParser:
     pool = verbs.add_parser("pool", help="a ReservationPool's totals and its envelopes")
     pool.add_argument("pool")
 
+    why = verbs.add_parser("why", help="why a claim (or renv/ENVELOPE) waits, who is ahead")
+    why.add_argument("target", metavar="CLAIM|renv/ENVELOPE")
+    why.add_argument("-n", "--namespace", default=argparse.SUPPRESS, help="namespace")
+
     advise = verbs.add_parser(
         "recommend", help="suggested requests per resource for a workflow class"
     )
@@ -845,6 +844,8 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
         return show_ledger(sdk.tree(args.envelope))
     if args.verb == "pool":
         return show_pool(sdk.pool(args.pool))
+    if args.verb == "why":
+        return why(sdk, args.target)
     if args.verb == "hold":
         view = sdk.hold(
             args.envelope,
@@ -879,6 +880,23 @@ def run(args: argparse.Namespace, sdk: Reservoir) -> str:
     elif args.verb == "finish":
         view = sdk.finish(view, resources(args.usage), args.outcome, args.result)
     return show_claim(view)
+
+
+ENVELOPE_PREFIXES = ("renv/", "reservationenvelope/", "reservationenvelopes/", "envelope/")
+
+
+def why(sdk: Reservoir, target: str) -> str:
+    """What `kubectl reservoir why` shows (reservoir.cli.why), read from the cluster."""
+    for prefix in ENVELOPE_PREFIXES:
+        if target.startswith(prefix):
+            tree = sdk.tree(target.removeprefix(prefix))
+            return explain_envelope(tree.envelope, sdk.covering_pool())
+    claim = sdk.get(target.removeprefix("branchclaim/").removeprefix("bc/"))
+    if claim.status.phase is not ClaimPhase.PENDING:
+        return explain_claim(claim, None, [], None)
+    tree = sdk.tree(claim.spec.envelope)
+    waits = tree.envelope.status.parent is None and tree.envelope.parent is None
+    return explain_claim(claim, tree.envelope, tree.claims, sdk.covering_pool() if waits else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -119,6 +119,7 @@ from reservoir.core.model import (
     Upstream,
 )
 from reservoir.core.quantity import format_quantity, parse_resources
+from reservoir.k8s import budgets
 from reservoir.k8s.facts import as_dict
 from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
@@ -341,6 +342,14 @@ class AsyncReservoir:
                     raise
                 complete = False
         return pool.with_envelopes(envelopes, complete)
+
+    async def covering_pool(self, namespace: str | None = None) -> PoolView | None:
+        """The pool the namespace's new root envelopes draw from (the oldest listing it and
+        not being deleted), with the envelopes the caller may list; None: no pool covers it
+        (or pools cannot be listed)."""
+        pools = await budgets.list_pools(self.client)
+        chosen = budgets.chosen_pool(pools, namespace or self.namespace)
+        return None if chosen is None else await self.pool(chosen["metadata"]["name"])
 
     async def claims(self, envelope: str) -> list[ClaimView]:
         """The envelope's claims (by `spec.envelope`), each with its ledger line: the one the
@@ -1118,6 +1127,9 @@ class Reservoir:
 
     def pool(self, name: str) -> PoolView:
         return self._run(self._async.pool(name))
+
+    def covering_pool(self, namespace: str | None = None) -> PoolView | None:
+        return self._run(self._async.covering_pool(namespace))
 
     def envelopes(
         self, labels: Mapping[str, str], all_namespaces: bool = False

@@ -25,6 +25,7 @@ from reservoir.core.model import (
     EnvelopeState,
     LedgerEntry,
     Outcome,
+    ReservationPoolSpec,
     ReservationPoolStatus,
     RetryHold,
     Settlement,
@@ -32,6 +33,7 @@ from reservoir.core.model import (
     WindowSlice,
 )
 from reservoir.core.model import ReservationEnvelopeStatus as EnvelopeStatus
+from reservoir.core.quantity import QuantityError, parse_quantity
 from reservoir.core.windows import replenishing
 from reservoir.sdk.patches import LEDGER_FIELD
 
@@ -101,6 +103,12 @@ class ClaimView:
             entry=line,
             body=obj,
         )
+
+    @property
+    def created_at(self) -> datetime | None:
+        """When the API server created it (the age a queue orders by)."""
+        created = ((self.body or {}).get("metadata") or {}).get("creationTimestamp")
+        return datetime.fromisoformat(created) if isinstance(created, str) else None
 
     def with_ledger(self, envelope: dict[str, Any] | None) -> ClaimView:
         """This view with what `envelope` (a ReservationEnvelope as read; None when it does
@@ -327,11 +335,16 @@ class EnvelopeView(BudgetContracts):
     # spec.contracts: the contracts declared at creation (the others are defaults by name).
     declared: dict[str, Contract] = dataclasses.field(default_factory=dict)
     capacity: tuple[str, ...] = ()  # the names of spec.capacity's resources
+    amounts: dict[str, Decimal] = dataclasses.field(default_factory=dict)  # spec.capacity
+    created_at: datetime | None = None
+    priority_class: str | None = None  # spec.priorityClassName: its class in its pool
+    accepting: bool = True  # Open, not being deleted
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> EnvelopeView:
         meta = obj["metadata"]
         spec = obj.get("spec") or {}
+        created = meta.get("creationTimestamp")
         return cls(
             name=meta["name"],
             namespace=meta.get("namespace", ""),
@@ -341,7 +354,29 @@ class EnvelopeView(BudgetContracts):
             parent=spec.get("parent"),
             declared=declared_contracts(spec),
             capacity=tuple(spec.get("capacity") or ()),
+            amounts=readable_amounts(spec.get("capacity")),
+            created_at=datetime.fromisoformat(created) if isinstance(created, str) else None,
+            priority_class=spec.get("priorityClassName"),
+            accepting=spec.get("state", "Open") == "Open" and not meta.get("deletionTimestamp"),
         )
+
+
+def readable_pool_spec(spec: Mapping[str, Any]) -> ReservationPoolSpec | None:
+    try:
+        return ReservationPoolSpec.model_validate(spec)
+    except ValueError:
+        return None
+
+
+def readable_amounts(capacity: Any) -> dict[str, Decimal]:
+    """spec.capacity as amounts, leaving out any the parser cannot read (shown, not judged)."""
+    found: dict[str, Decimal] = {}
+    for name, text in (capacity or {}).items() if isinstance(capacity, Mapping) else ():
+        try:
+            found[str(name)] = parse_quantity(str(text))
+        except QuantityError:
+            continue
+    return found
 
 
 @dataclass(frozen=True)
@@ -391,6 +426,8 @@ class PoolView(BudgetContracts):
     # whether every namespace of the pool could be listed for them.
     held: dict[str, ChildEntry] = dataclasses.field(default_factory=dict)
     complete: bool = True
+    spec: ReservationPoolSpec | None = None  # None: the spec cannot be read
+    envelopes: tuple[EnvelopeView, ...] = ()  # those of its namespaces the caller could list
 
     def lines(self) -> dict[str, ChildEntry]:
         """Every line of the pool's ledger: in flight on the pool, else as its envelope
@@ -406,7 +443,7 @@ class PoolView(BudgetContracts):
             for e in envelopes
             if (line := line_of(e.status.parent, e.name, e.namespace, self.uid)) is not None
         }
-        return dataclasses.replace(self, held=held, complete=complete)
+        return dataclasses.replace(self, held=held, complete=complete, envelopes=tuple(envelopes))
 
     @classmethod
     def from_api(cls, obj: dict[str, Any]) -> PoolView:
@@ -419,4 +456,6 @@ class PoolView(BudgetContracts):
             uid=meta.get("uid", ""),
             declared=declared_contracts(spec),
             capacity=tuple(spec.get("capacity") or ()),
+            spec=readable_pool_spec(spec),
+            envelopes=(),
         )
