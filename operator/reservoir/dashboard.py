@@ -69,6 +69,7 @@ def timeseries_panel(
     *,
     unit: str = "short",
     stacked: bool = False,
+    minimum: float | None = 0,
     maximum: float | None = None,
     width: int = 12,
     height: int = 8,
@@ -81,7 +82,6 @@ def timeseries_panel(
         .description(description)
         .datasource(DATASOURCE)
         .unit(unit)
-        .min(0)
         .span(width)
         .height(height)
         .draw_style(common.GraphDrawStyle.LINE)
@@ -106,6 +106,8 @@ def timeseries_panel(
             .sort(common.SortOrder.DESCENDING)
         )
     )
+    if minimum is not None:
+        panel = panel.min(minimum)
     if maximum is not None:
         panel = panel.max(maximum)
     for ref, (expr, legend) in zip(REFS, targets, strict=False):
@@ -319,6 +321,7 @@ def live_panels(board: board_builder.Dashboard) -> board_builder.Dashboard:
                     ),
                 ],
                 unit="s",
+                minimum=None,  # a lease past its expiry, not yet recorded, has less than 0
             ).override_by_regexp("^left .*", DASHED)
         )
         .with_panel(

@@ -871,7 +871,8 @@ def observe_written(
 def _renewal_margin(old: LedgerEntry | None, entry: LedgerEntry) -> float | None:
     """What the lease had left when this write's renewal was granted: the expiry the line
     had before minus the grant's time (both recorded, operator clock); None when either is
-    not recorded. Below 0 (a renewal granted past the expiry) counts as 0."""
+    not recorded. Below 0 (a renewal granted past the expiry) counts as 0. Renewals that
+    one write records together (coalesced) are observed once, for the last of them."""
     if old is None or old.expires_at is None or entry.renewed_at is None:
         return None
     return _seconds(entry.renewed_at, old.expires_at)
