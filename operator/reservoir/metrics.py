@@ -27,6 +27,13 @@ units a Reusable resource was held times the seconds (GPU-seconds, permit-second
 counter by class, counted at each claim's settlement. A `_other` resource has the contract
 `_other`.
 
+Open reservations are shown live, not only once settled (issue 25): what open claims hold
+by phase, the oldest open reservation and the most pressing lease of each envelope, and a
+gauge histogram of the ages of every open reservation by namespace and class (taken at
+each scrape from the envelope's last snapshot, so it falls as claims settle: read it with
+histogram_quantile directly, never with rate). Pools have their own gauges
+(`PoolGauges`), at most `MAX_POOLS` pools and `MAX_NAMESPACES_PER_POOL` namespaces each.
+
 Gauges are floats by Prometheus' definition; the ledger itself stays exact.
 """
 
@@ -36,12 +43,16 @@ import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
 from prometheus_client import REGISTRY, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    GaugeHistogramMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -50,9 +61,12 @@ from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.contracts import in_use, type_of
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
+    ChildEntry,
+    ChildPhase,
     ClaimPhase,
     ContractType,
     LedgerEntry,
+    ProviderState,
     ResourceTotals,
     WindowSlice,
 )
@@ -238,6 +252,41 @@ objects_set_aside = BoundedCounter(
     ["kind"],
 )
 
+released = BoundedCounter(
+    "reservoir_claim_released_total",
+    "Amounts settled claims returned to their envelope (R - C), by resource and the reason "
+    "they settled (Completed, Cancelled, Deleted, LeaseExpired, ...): what expired leases "
+    "gave back is reason LeaseExpired. Counted once, by the write that records the "
+    "settlement.",
+    [*CLASS, "resource", "reason"],
+)
+# How much of its lease a claim had left when a renewal was granted (the expiry it had, minus
+# the grant's time, both on the operator's clock). Chosen over the interval between
+# renewals because it is what an operator acts on: a margin near 0 says the workers
+# heartbeat too late for their lease (raise the lease, or heartbeat more often) before the
+# leases start to lapse; the interval alone says nothing without the lease's length.
+renewal_margin = BoundedHistogram(
+    "reservoir_lease_renewal_margin_seconds",
+    "Time a lease had left when a renewal was granted (its expiry before the grant minus "
+    "the grant's time, operator clock): near 0, heartbeats come too late for the lease.",
+    CLASS,
+    buckets=(0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 900),
+)
+cancel_after_dispatch = BoundedHistogram(
+    "reservoir_claim_cancel_after_dispatch_seconds",
+    "From a claim's commit point (dispatch) to the cancel (or deletion) the operator first "
+    "saw after it, as recorded on the claim's ledger line.",
+    CLASS,
+    buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400),
+)
+cancel_confirmation = BoundedHistogram(
+    "reservoir_claim_cancel_confirmation_seconds",
+    "From a cancel asked after the commit point to the provider's confirmation (its answer "
+    "Cancelled, recorded when the work ended or at the settlement), operator clock.",
+    CLASS,
+    buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600),
+)
+
 EXPIRY_REASONS = frozenset({"LeaseExpired", "LeaseLapsed"})
 COMPENSATION_RESULTS = {APPLIED: "applied", RECORDED: "recorded"}
 # A snapshot older than this is not shown: the replica stopped reconciling the envelope
@@ -263,6 +312,39 @@ def bounded_class(workflow_class: str) -> str:
     return OTHER_CLASS
 
 
+# Leases that can still lapse: a Detached claim's has lapsed already.
+LEASED_PHASES = (ClaimPhase.TENTATIVE, ClaimPhase.COMMITTED, ClaimPhase.RUNNING)
+# Buckets of the ages of open reservations (reservoir_claim_open_age_seconds).
+OPEN_AGE_BUCKETS = (10, 30, 60, 300, 900, 1800, 3600, 7200, 14400, 43200, 86400, 259200)
+
+
+@dataclass(frozen=True)
+class OpenClaim:
+    """What the live gauges need of one claim holding capacity: its ledger line's recorded
+    times (operator clock) and what it holds."""
+
+    phase: ClaimPhase
+    reserved: Mapping[str, Decimal]
+    reserved_at: datetime  # first_reserved_at: renewals never move it
+    expires_at: datetime | None = None
+    granted_at: datetime | None = None  # the last renewal, else the reservation
+
+    @classmethod
+    def of(cls, entries: Iterable[LedgerEntry]) -> tuple[OpenClaim, ...]:
+        """The claims of `entries` that hold capacity now, in a stable order."""
+        return tuple(
+            cls(
+                phase=e.phase,
+                reserved=dict(e.reserved),
+                reserved_at=e.first_reserved_at,
+                expires_at=e.expires_at,
+                granted_at=e.renewed_at or e.first_reserved_at,
+            )
+            for e in entries
+            if e.phase.holds_capacity and e.first_reserved_at is not None
+        )
+
+
 @dataclass(frozen=True)
 class EnvelopeSnapshot:
     """What one reconcile saw of an envelope, for its gauges."""
@@ -280,6 +362,25 @@ class EnvelopeSnapshot:
     windows: Mapping[str, Sequence[WindowSlice]] = field(default_factory=dict)  # status.windows
     # What the claim at the head of the queue is short of, per resource (the queue waits).
     shortfall: Mapping[str, Decimal] = field(default_factory=dict)
+    # The claims holding capacity, for the live gauges (what they hold by phase, their ages
+    # and leases).
+    open_claims: Sequence[OpenClaim] = ()
+
+    def held_by_phase(self) -> dict[str, dict[str, Decimal]]:
+        """What open claims reserve, per holding phase and resource (exact)."""
+        held: dict[str, dict[str, Decimal]] = {}
+        for claim in self.open_claims:
+            amounts = held.setdefault(claim.phase.value, {})
+            for resource, amount in claim.reserved.items():
+                amounts[resource] = amounts.get(resource, ZERO) + amount
+        return held
+
+    def oldest_reservation(self) -> datetime | None:
+        return min((c.reserved_at for c in self.open_claims), default=None)
+
+    def leases(self) -> list[OpenClaim]:
+        """The open claims whose lease can still lapse."""
+        return [c for c in self.open_claims if c.phase in LEASED_PHASES and c.expires_at]
 
     def contract(self, resource: str) -> str:
         """The resource's contract as a label value (`_other` for the summed rest)."""
@@ -425,6 +526,41 @@ class EnvelopeGauges(Collector):
             "ledger could not move (see the LedgerHealthy condition).",
             labels=ENVELOPE,
         )
+        held = GaugeMetricFamily(
+            "reservoir_envelope_claims_reserved",
+            "What the envelope's open claims reserve, by resource and claim phase: Tentative "
+            "(before the commit point), Committed and Running (past it), Detached "
+            "(reconciling: outcome unknown).",
+            labels=[*ENVELOPE, "resource", "phase", "contract"],
+        )
+        oldest_reservation = GaugeMetricFamily(
+            "reservoir_envelope_oldest_reservation_timestamp_seconds",
+            "When the oldest claim of the envelope still holding capacity first reserved it "
+            "(Unix time, operator clock); absent when none holds any.",
+            labels=ENVELOPE,
+        )
+        lease_remaining = GaugeMetricFamily(
+            "reservoir_envelope_lease_remaining_seconds",
+            "The least time left on the lease of any open claim of the envelope (Tentative, "
+            "Committed or Running) at the scrape, operator clock: below 0, a lapse the "
+            "operator has not recorded yet. Absent when no lease is open.",
+            labels=ENVELOPE,
+        )
+        lease_age = GaugeMetricFamily(
+            "reservoir_envelope_lease_age_seconds",
+            "The longest time since a lease of an open claim of the envelope was granted or "
+            "last renewed, at the scrape (operator clock). Absent when no lease is open.",
+            labels=ENVELOPE,
+        )
+        open_age = GaugeHistogramMetricFamily(
+            "reservoir_claim_open_age_seconds",
+            "Ages of the reservations open now (claims holding capacity, since they first "
+            "reserved it), by namespace and workflow class, at the scrape. A gauge "
+            "histogram: it falls as claims settle; use histogram_quantile on it directly.",
+            labels=CLASS,
+        )
+        ages: dict[tuple[str, str], list[float]] = {}
+        now = datetime.now(UTC)
         # Past MAX_ENVELOPES, the sums of the others (see the module's docstring).
         others: dict[tuple[str, ...], float] = {}
 
@@ -457,8 +593,25 @@ class EnvelopeGauges(Collector):
                 add(stranded, [*key, resource], float(amount), shown)
             for state, count in snap.devices.items():
                 add(devices, [*key, state], count, shown)
+            for held_phase, amounts in sorted(snap.held_by_phase().items()):
+                for resource, amount in _bounded_resources(amounts):
+                    labels = [*key, resource, held_phase, snap.contract(resource)]
+                    add(held, labels, float(amount), shown)
+            group = (namespace, bounded_class(snap.workflow_class)) if shown else (OTHER, OTHER)
+            ages.setdefault(group, []).extend(
+                _seconds(c.reserved_at, now) for c in snap.open_claims
+            )
             if not shown:
                 continue
+            reserved_at = snap.oldest_reservation()
+            if reserved_at is not None:
+                oldest_reservation.add_metric(key, reserved_at.timestamp())
+            leases = snap.leases()
+            if leases:
+                remaining = min(c.expires_at for c in leases if c.expires_at is not None)
+                lease_remaining.add_metric(key, (remaining - now).total_seconds())
+                granted = min(c.granted_at or c.reserved_at for c in leases)
+                lease_age.add_metric(key, _seconds(granted, now))
             info.add_metric([*key, snap.workflow_class], 1)
             deadline.add_metric(key, snap.ambiguity_deadline_seconds)
             if snap.oldest_finalizer is not None:
@@ -467,7 +620,7 @@ class EnvelopeGauges(Collector):
                 due.add_metric(key, snap.finalizer_due.timestamp())
         families = {
             f.name: f
-            for f in (capacity, claims, stranded, devices, in_use, peak, window, shortfall)
+            for f in (capacity, claims, stranded, devices, in_use, peak, window, shortfall, held)
         }
         for (name, *labels), value in sorted(others.items()):
             families[name].add_metric(labels, value)
@@ -476,6 +629,17 @@ class EnvelopeGauges(Collector):
                 health.add_metric([namespace, envelope], 1 if ok else 0)
         yield from (capacity, claims, stranded, info, deadline, oldest, due, devices, health)
         yield from (in_use, peak, window, shortfall)
+        for group, seen in sorted(ages.items()):
+            if seen:
+                open_age.add_metric(list(group), **_gauge_buckets(seen, OPEN_AGE_BUCKETS))
+        yield from (held, oldest_reservation, lease_remaining, lease_age, open_age)
+
+
+def _gauge_buckets(values: Sequence[float], bounds: Sequence[float]) -> dict[str, Any]:
+    """A gauge histogram's cumulative buckets and sum of `values`."""
+    buckets = [(str(float(b)), float(sum(1 for v in values if v <= b))) for b in bounds]
+    buckets.append(("+Inf", float(len(values))))
+    return {"buckets": buckets, "gsum_value": float(sum(values))}
 
 
 def _bounded_resources(amounts: Mapping[str, Decimal]) -> list[tuple[str, Decimal]]:
@@ -490,6 +654,110 @@ def _bounded_resources(amounts: Mapping[str, Decimal]) -> list[tuple[str, Decima
 
 envelopes = EnvelopeGauges()
 REGISTRY.register(envelopes)
+
+
+MAX_POOLS = 100
+MAX_NAMESPACES_PER_POOL = 100
+POOL_STATES = ("capacity", "reserved", "committed", "available")
+
+
+@dataclass(frozen=True)
+class PoolSnapshot:
+    """What one reconcile of a pool saw, for its gauges: its totals, and its envelopes by
+    namespace: those admitted (a Reserved line here) and those waiting for admission."""
+
+    totals: ResourceTotals
+    reserved: Mapping[str, int] = field(default_factory=dict)  # namespace -> envelopes
+    pending: Mapping[str, int] = field(default_factory=dict)  # namespace -> envelopes
+
+    @classmethod
+    def of(
+        cls, totals: ResourceTotals, lines: Iterable[ChildEntry], pending: Iterable[str]
+    ) -> PoolSnapshot:
+        """`pending`: the namespace of each envelope that waits."""
+        reserved: dict[str, int] = {}
+        for line in lines:
+            if line.phase is ChildPhase.RESERVED:
+                reserved[line.namespace] = reserved.get(line.namespace, 0) + 1
+        waiting: dict[str, int] = {}
+        for namespace in pending:
+            waiting[namespace] = waiting.get(namespace, 0) + 1
+        return cls(totals=totals, reserved=reserved, pending=waiting)
+
+
+@dataclass(eq=False)  # registries key collectors by identity
+class PoolGauges(Collector):
+    """Per-pool gauges from each pool's latest snapshot (pools are cluster-scoped and an
+    administrator's, but bounded all the same: MAX_POOLS pools, the rest summed as
+    `_other`; MAX_NAMESPACES_PER_POOL namespaces of each, the rest as `_other`). Stale
+    snapshots are dropped as the envelopes' are (a pool's daemon wakes every 30 s)."""
+
+    _snapshots: dict[str, PoolSnapshot] = field(default_factory=dict)
+    _seen: dict[str, float] = field(default_factory=dict)  # monotonic
+    _shown: dict[str, None] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    stale_after: float = STALE_AFTER_SECONDS
+    max_pools: int = MAX_POOLS
+
+    def record(self, pool: str, snapshot: PoolSnapshot) -> None:
+        with self._lock:
+            if pool not in self._shown and len(self._shown) < self.max_pools:
+                self._shown[pool] = None
+            self._snapshots[pool] = snapshot
+            self._seen[pool] = time.monotonic()
+
+    def forget(self, pool: str) -> None:
+        with self._lock:
+            self._snapshots.pop(pool, None)
+            self._seen.pop(pool, None)
+            self._shown.pop(pool, None)
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            cutoff = time.monotonic() - self.stale_after
+            snapshots = {k: v for k, v in self._snapshots.items() if self._seen.get(k, 0) >= cutoff}
+            shown = set(self._shown)
+        capacity = GaugeMetricFamily(
+            "reservoir_pool_capacity",
+            "Capacity of the pool by resource and ledger state (capacity; reserved: held "
+            "by open envelopes; committed: what closed ones used; available).",
+            labels=["pool", "resource", "state"],
+        )
+        envelopes = GaugeMetricFamily(
+            "reservoir_pool_envelopes",
+            "Root envelopes drawing on the pool by namespace and state: reserved (admitted, "
+            "holding their capacity here) or pending (waiting for admission).",
+            labels=["pool", "namespace", "state"],
+        )
+        sums: dict[tuple[str, ...], float] = {}
+        for pool, snap in sorted(snapshots.items()):
+            name = pool if pool in shown else OTHER
+            for state in POOL_STATES:
+                for resource, amount in _bounded_resources(getattr(snap.totals, state)):
+                    key = (capacity.name, name, resource, state)
+                    sums[key] = sums.get(key, 0.0) + float(amount)
+            for state, counts in (("reserved", snap.reserved), ("pending", snap.pending)):
+                for namespace, count in _bounded_namespaces(counts):
+                    key = (envelopes.name, name, namespace, state)
+                    sums[key] = sums.get(key, 0.0) + count
+        families = {f.name: f for f in (capacity, envelopes)}
+        for (family, *labels), value in sorted(sums.items()):
+            families[family].add_metric(labels, value)
+        yield capacity
+        yield envelopes
+
+
+def _bounded_namespaces(counts: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The first MAX_NAMESPACES_PER_POOL namespaces by name; the rest summed as _other."""
+    ordered = sorted(counts.items())
+    if len(ordered) <= MAX_NAMESPACES_PER_POOL:
+        return ordered
+    kept = ordered[: MAX_NAMESPACES_PER_POOL - 1]
+    return [*kept, (OTHER, sum(count for _, count in ordered[MAX_NAMESPACES_PER_POOL - 1 :]))]
+
+
+pools = PoolGauges()
+REGISTRY.register(pools)
 
 
 class GcPauses(Collector):
@@ -565,6 +833,17 @@ def observe_written(
         granted = entry.renewals - (old.renewals if old is not None else 0)
         if granted > 0:
             lease_renewals.labels(*labels, "granted").inc(granted)
+            margin = _renewal_margin(old, entry)
+            if margin is not None:
+                renewal_margin.labels(*labels).observe(margin)
+        cancelled_at = entry.cancel_requested_at
+        dispatched_at = entry.committed_at
+        if (
+            cancelled_at is not None
+            and dispatched_at is not None
+            and _newly(old, entry, "cancel_requested_at")
+        ):
+            cancel_after_dispatch.labels(*labels).observe(_seconds(dispatched_at, cancelled_at))
         # Occupancy is recorded once per resource (at settlement, or when the devices are
         # confirmed free): counted by the write that first records it.
         counted = old.occupancy if old is not None else {}
@@ -576,11 +855,37 @@ def observe_written(
         if settled is None or not _newly(old, entry, "settlement"):
             continue
         hold.labels(*labels).observe(_seconds(reserved_at, settled.at))
+        for resource, amount in entry.released.items():
+            if amount > 0:
+                released.labels(*labels, resource, settled.reason).inc(float(amount))
+        confirmed = _cancel_confirmed_at(entry)
+        if cancelled_at is not None and confirmed is not None:
+            cancel_confirmation.labels(*labels).observe(_seconds(cancelled_at, confirmed))
         if settled.phase is ClaimPhase.CONSUMED:
             for resource, reserved in entry.reserved.items():
                 if reserved > 0 and type_of(resource, contracts) is not ContractType.REUSABLE:
                     ratio = entry.consumed.get(resource, Decimal(0)) / reserved
                     consumed_ratio.labels(*labels, resource).observe(float(ratio))
+
+
+def _renewal_margin(old: LedgerEntry | None, entry: LedgerEntry) -> float | None:
+    """What the lease had left when this write's renewal was granted: the expiry the line
+    had before minus the grant's time (both recorded, operator clock); None when either is
+    not recorded. Below 0 (a renewal granted past the expiry) counts as 0. Renewals that
+    one write records together (coalesced) are observed once, for the last of them."""
+    if old is None or old.expires_at is None or entry.renewed_at is None:
+        return None
+    return _seconds(entry.renewed_at, old.expires_at)
+
+
+def _cancel_confirmed_at(entry: LedgerEntry) -> datetime | None:
+    """When the provider confirmed a cancel: its answer Cancelled, recorded when the work
+    ended (its usage still unknown) or else at the settlement it brought. None when the
+    provider did not answer Cancelled (a worker's final report confirms nothing upstream)."""
+    provider, settled = entry.provider, entry.settlement
+    if provider is None or provider.state is not ProviderState.CANCELLED or settled is None:
+        return None
+    return entry.work_ended_at or settled.at
 
 
 def _newly(old: LedgerEntry | None, entry: LedgerEntry, attribute: str) -> bool:

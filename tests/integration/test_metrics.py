@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
+import re
 import socket
 import subprocess
 import threading
@@ -13,12 +15,14 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from decimal import Decimal
 from pathlib import Path
 
 import pytest
 import yaml
 
+from reservoir import dashboard
 from reservoir.sdk import Reservoir
 from tests.clusters import ClusterHandle, free_port
 from tests.integration.conftest import StartOperator
@@ -29,10 +33,18 @@ from tests.integration.helpers import (
     samples,
     scrape,
     settled_ledger,
+    under_lease,
     value,
     wait_phase,
 )
+from tests.integration.provider_server import (
+    ProviderServer,
+    answer,
+    host_address,
+    provider_server,
+)
 from tests.tools import tool
+from tests.unit.metric_names import referenced_metric_names
 
 CLASS_LABEL = "reservoir.dev/workflow-class"
 
@@ -381,3 +393,323 @@ def test_metrics_answer_only_a_token_allowed_to_get_them(
         assert "reservoir_build_info" in str(allowed)
     finally:
         cluster.kubectl("delete", "clusterrolebinding,clusterrole", reader, "--ignore-not-found")
+
+
+# --- every dashboard panel's query against a live scrape (issue 25) -------------------------
+
+# Grafana's variables, as a user who selects this test's namespace would have them.
+RATE_INTERVAL = "5m"
+# A panel filter that shows only trouble (`> 0`, `== 0`) is left off: a healthy worked example
+# has none to show, and what the test proves is that the series the panel aggregates exist.
+DISPLAY_FILTER = re.compile(r"\s*(?:>|==)\s*0$")
+# Metrics only a failure the worked example does not stage can give a value; their queries
+# are still run, and the operator must export their families (HELP and TYPE on /metrics).
+NOT_STAGED = {
+    "reservoir_ledger_errors_total": "a ledger that cannot move (an unreadable envelope, an "
+    "invariant violation, a refused write): every ledger here stays healthy",
+}
+
+
+def dashboard_queries(namespace: str) -> list[tuple[str, str]]:
+    """(panel title, PromQL) of every panel's query, Grafana's variables filled in."""
+    variables = {
+        "$__rate_interval": RATE_INTERVAL,
+        "$namespace": namespace,
+        "$envelope": ".*",
+        "$resource": "tokens",
+        "$pool": ".*",
+    }
+    queries = []
+    for panel in dashboard.dashboard()["panels"]:
+        for target in panel.get("targets", []):
+            expr = target["expr"]
+            for name, filled in sorted(variables.items(), key=lambda kv: -len(kv[0])):
+                expr = expr.replace(name, filled)
+            assert "$" not in expr, f"{panel['title']}: unknown variable in {expr}"
+            queries.append((panel["title"], DISPLAY_FILTER.sub("", expr)))
+    return queries
+
+
+def input_series(scrapes: list[str]) -> list[dict[str, str]]:
+    """The scrapes as promtool input series, one scrape a minute ("_": absent then)."""
+    series: dict[str, list[str]] = {}
+    for index, text in enumerate(scrapes):
+        for (name, labels), number in samples(text).items():
+            if not math.isfinite(number):
+                continue
+            selector = ",".join(f"{k}={json.dumps(v)}" for k, v in labels)
+            values = series.setdefault(f"{name}{{{selector}}}", ["_"] * len(scrapes))
+            values[index] = repr(float(number))
+    return [{"series": key, "values": " ".join(v)} for key, v in sorted(series.items())]
+
+
+def returns_data(
+    scrapes: list[str], queries: list[tuple[str, str]], directory: Path
+) -> subprocess.CompletedProcess[str]:
+    """`promtool test rules` of a file where each query must have returned a number (not NaN)
+    at some scrape: count_over_time of `q == q` over them all, clamped to 1, must be 1."""
+    minutes = len(scrapes)
+    tests = [
+        {
+            "expr": f"clamp_max(count(count_over_time((({q}) == ({q}))[{minutes + 1}m:1m])), 1)",
+            "eval_time": f"{minutes - 1}m",
+            "exp_samples": [{"labels": "{}", "value": 1}],
+        }
+        for _, q in queries
+    ]
+    document = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {"interval": "1m", "input_series": input_series(scrapes), "promql_expr_test": tests}
+        ],
+    }
+    path = directory / "dashboard_queries_test.yaml"
+    path.write_text(yaml.safe_dump(document, width=1_000_000))
+    return subprocess.run(
+        [str(tool("promtool")), "test", "rules", path.name],
+        cwd=directory,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+
+
+class Scraper:
+    """Scrapes /metrics every half second in the background, keeping each exposition."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.scrapes: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError):
+                self.scrapes.append(scrape(self.port))
+            self._stop.wait(0.5)
+
+    def latest(self) -> str:
+        """The last exposition scraped (what promtool will see), "" before the first."""
+        return self.scrapes[-1] if self.scrapes else ""
+
+    def __enter__(self) -> Scraper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        self.scrapes.append(scrape(self.port))
+
+
+def test_every_dashboard_query_returns_data_from_a_live_scrape(
+    cluster: ClusterHandle, ns: str, start_operator: StartOperator, sdk: Reservoir, tmp_path: Path
+) -> None:
+    """Issue 25: a worked example that stages what every panel shows (open claims of every
+    phase, a waiting claim, renewals, a lapse, an expiry, a deletion waiting on its
+    settlement, cancels the provider confirms, an overrun and a late report, Reusable and
+    Replenishing resources, a pool with an envelope waiting), scraped all along; promtool
+    then evaluates every dashboard query over the scrapes, and each must return a number
+    at some scrape. A query over a metric the operator does not export fails the check."""
+    with provider_server() as provider:
+        port = free_port()
+        start_operator("--metrics-port", str(port), "--provider-allow", host_address())
+        body = {
+            "apiVersion": "reservoir.dev/v1alpha1",
+            "kind": "ReservationEnvelope",
+            "metadata": {"name": "work", "namespace": ns, "labels": {CLASS_LABEL: "live"}},
+            "spec": {
+                "capacity": {"concurrency": "2", "tokens": "200", "rpm": "60"},
+                "contracts": {"rpm": {"type": "Replenishing", "windowSeconds": 600}},
+                "policy": {
+                    "defaultLeaseSeconds": 120,
+                    "ambiguityDeadlineSeconds": 600,
+                    "provider": {"statusURL": provider.status_url},
+                    "providerLookupMaxSeconds": 2,
+                },
+            },
+        }
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+        with Scraper(port) as scraper:
+            staged = stage_every_panel(cluster, ns, sdk, provider, scraper)
+        scrapes = scraper.scrapes
+    assert len(scrapes) >= 10, len(scrapes)
+    last = scrapes[-1]
+
+    queries = dashboard_queries(ns)
+    assert len(queries) >= 40, len(queries)
+    staged_queries = []
+    for title, query in queries:
+        if referenced_metric_names(query) <= NOT_STAGED.keys():
+            for metric in referenced_metric_names(query):
+                assert f"# TYPE {metric} " in last, f"{title}: {metric} is not exported"
+        else:
+            staged_queries.append((title, query))
+    result = returns_data(scrapes, staged_queries, tmp_path)
+    assert result.returncode == 0, (
+        f"dashboard queries without data (staged: {staged}):\n{result.stdout}{result.stderr}"
+    )
+
+    # The check can fail: a query over a metric the operator never exports has no data.
+    bogus = [("bogus", 'sum by (resource) (reservoir_envelope_never_exported{namespace=~".*"})')]
+    result = returns_data(scrapes, bogus, tmp_path)
+    assert result.returncode != 0, "a query over an unexported metric passed"
+    assert "reservoir_envelope_never_exported" in result.stdout + result.stderr
+
+
+def stage_every_panel(
+    cluster: ClusterHandle, ns: str, sdk: Reservoir, provider: ProviderServer, scraper: Scraper
+) -> list[str]:
+    """The worked example behind test_every_dashboard_query_returns_data_from_a_live_scrape;
+    returns what it staged, in order (for the failure message). Each stage waits until a
+    scrape the scraper kept shows it, so that promtool sees every state staged."""
+    staged: list[str] = []
+    env = {"namespace": ns, "envelope": "work"}
+    permits = {"resource": "concurrency", "contract": "Reusable"}
+    by_class = {"namespace": ns, "class": "live"}
+
+    def seen(what: str, check: Callable[[Samples], bool]) -> Samples:
+        found = eventually(what, lambda: s if check(s := samples(scraper.latest())) else None)
+        staged.append(what)
+        return found
+
+    # A lease that lapses after the commit point (Detached, stranded), and a Tentative hold
+    # that expires (released as LeaseExpired).
+    d = sdk.hold("work", "D", {"tokens": "5"}, name="d", lease_seconds=3, dispatch=True)
+    t = sdk.hold("work", "T", {"tokens": "5"}, name="t", lease_seconds=3)
+    # Two permits, three branches: the third waits (a shortfall) while both are held.
+    request = {"concurrency": "1", "tokens": "10", "rpm": "5"}
+    a, b, c = (sdk.hold("work", n, request, name=n, dispatch=True) for n in "abc")
+    a, b = (wait_phase(sdk, x, "Committed") for x in (a, b))
+    seen(
+        "the third branch short of a permit",
+        lambda s: value(s, "reservoir_envelope_shortfall", **env, **permits) == 1,
+    )
+    # Two renewals, one scrape apart (a histogram shows a rate from its second observation).
+    a = sdk.renew(sdk.get(a))
+    seen(
+        "a renewal's margin",
+        lambda s: value(s, "reservoir_lease_renewal_margin_seconds_count", **by_class) == 1,
+    )
+    a = sdk.renew(sdk.get(a))
+    seen(
+        "open leases and reservations",
+        lambda s: (
+            value(s, "reservoir_lease_renewal_margin_seconds_count", **by_class) == 2
+            and value(s, "reservoir_envelope_lease_remaining_seconds", **env) is not None
+            and value(s, "reservoir_envelope_oldest_reservation_timestamp_seconds", **env)
+            is not None
+        ),
+    )
+    wait_phase(sdk, d, "Detached", within=20)
+    wait_phase(sdk, t, "Expired", within=20)
+    seen(
+        "D's capacity stranded and T's released as LeaseExpired",
+        lambda s: (
+            value(s, "reservoir_envelope_stranded", **env, resource="tokens") == 5
+            and value(
+                s,
+                "reservoir_claim_released_total",
+                **by_class,
+                resource="tokens",
+                reason="LeaseExpired",
+            )
+            == 5
+        ),
+    )
+
+    # B deleted after its commit point: the deletion waits on its settlement (a cancel).
+    cluster.kubectl("delete", "bclaim", "b", "-n", ns, "--wait=false")
+    seen(
+        "B's deletion waiting on its settlement",
+        lambda s: value(s, "reservoir_envelope_finalizer_due_timestamp_seconds", **env) is not None,
+    )
+    sdk.finish(sdk.get("b"), {"tokens": "4", "rpm": "2"})
+    c = wait_phase(sdk, c, "Committed")  # B's permit came back
+
+    # Two cancels the provider confirms, one scrape apart.
+    for number, name in enumerate(("e1", "e2"), start=1):
+        operation = f"op-{name}"
+        provider.script(operation, answer(operation, "Running"))
+        upstream = {"operationId": operation, "supportsStatus": True}
+        claim = sdk.hold(
+            "work", name, {"tokens": "10"}, name=name, dispatch=True, upstream=upstream
+        )
+        claim = wait_phase(sdk, claim, "Committed")
+        sdk.cancel(claim)
+        provider.script(operation, answer(operation, "Cancelled", usage={"tokens": "2"}))
+        seen(
+            f"{name}'s cancel confirmed by the provider",
+            lambda s, n=number: (
+                value(s, "reservoir_claim_cancel_confirmation_seconds_count", **by_class) == n
+            ),
+        )
+
+    # E1's worker reports after the provider settled it (kubectl: the SDK would refuse); A
+    # overruns its reservation; C and D end.
+    late = {"usage": {"tokens": "3"}, "final": True, "outcome": "Succeeded"}
+    cluster.kubectl(
+        "patch",
+        "bclaim",
+        "e1",
+        "-n",
+        ns,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": under_lease(sdk.get("e1").body or {}, late)}),
+    )
+    sdk.finish(sdk.get(a), {"tokens": "15", "rpm": "3"})
+    sdk.finish(sdk.get(c), {"tokens": "6", "rpm": "3"})
+    sdk.finish(sdk.get(d), {"tokens": "5"}, outcome="Failed")
+    seen(
+        "an overrun, a late report, and occupancy",
+        lambda s: (
+            value(s, "reservoir_claim_overruns_total", **by_class) == 1
+            and value(s, "reservoir_claim_late_reports_total", **by_class) == 1
+            and (
+                value(
+                    s, "reservoir_claim_occupancy_seconds_total", **by_class, resource="concurrency"
+                )
+                or 0
+            )
+            > 0
+        ),
+    )
+
+    # A pool over the namespace: one envelope admitted, one waiting for it.
+    pool = f"live-{ns}"
+    body = {
+        "apiVersion": "reservoir.dev/v1alpha1",
+        "kind": "ReservationPool",
+        "metadata": {"name": pool},
+        "spec": {"capacity": {"tokens": "100"}, "namespaces": [ns]},
+    }
+    eventually(
+        "the pool created", lambda: cluster.kubectl("create", "-f", "-", input=json.dumps(body))
+    )
+    try:
+        for name, tokens in (("admitted", "70"), ("waiting", "50")):
+            create_envelope(cluster, ns, name, {"tokens": tokens}, defaultLeaseSeconds=120)
+        seen(
+            "the pool's envelopes, one admitted and one waiting",
+            lambda s: (
+                value(s, "reservoir_pool_envelopes", pool=pool, namespace=ns, state="reserved") == 1
+                and value(s, "reservoir_pool_envelopes", pool=pool, namespace=ns, state="pending")
+                == 1
+            ),
+        )
+    finally:
+        cluster.kubectl(
+            "delete",
+            "reservationenvelope",
+            "admitted",
+            "waiting",
+            "-n",
+            ns,
+            "--wait=false",
+            "--ignore-not-found",
+        )
+        cluster.kubectl("delete", "reservationpool", pool, "--wait=false", "--ignore-not-found")
+    return staged

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from grafana_foundation_sdk.models import dashboard as models
+from grafana_foundation_sdk.models import prometheus
 
 from reservoir import dashboard
 from tests.unit.metric_names import (
@@ -31,6 +33,7 @@ VARIABLES = {
     "$namespace": ".*",
     "$envelope": ".*",
     "$resource": "cpu",
+    "$pool": ".*",
 }
 
 
@@ -70,11 +73,28 @@ def test_check_fails_on_a_hand_edited_file(tmp_path: Path) -> None:
 def test_title_and_variables() -> None:
     board = dashboard.dashboard()
     assert board["title"] == "Reservoir"
+    assert board["editable"] is False
     variables = {v["name"]: v for v in board["templating"]["list"]}
-    assert {"namespace", "envelope"} <= variables.keys()
-    for name in ("namespace", "envelope"):
-        assert variables[name]["definition"].startswith("label_values("), name
-        assert variables[name]["definition"].endswith(f", {name})"), name
+    assert {"datasource", "namespace", "envelope", "resource", "pool"} <= variables.keys()
+    assert variables["datasource"]["type"] == "datasource"
+    for name in ("namespace", "envelope", "resource", "pool"):
+        query = variables[name]["query"]["query"]
+        assert query.startswith("label_values("), name
+        assert query.endswith(f", {name})"), name
+        assert variables[name]["multi"] and variables[name]["includeAll"], name
+
+
+def test_the_dashboard_is_built_by_the_typed_sdk() -> None:
+    """Every panel is the SDK's typed model (a row or a time series panel) and every query
+    its Prometheus data query, before any JSON is written."""
+    built = dashboard.builder().build()
+    assert built.panels
+    for panel in built.panels:
+        assert isinstance(panel, models.Panel | models.RowPanel), type(panel)
+        if isinstance(panel, models.Panel):
+            assert panel.type_val == "timeseries", panel.title
+            assert panel.targets, panel.title
+            assert all(isinstance(t, prometheus.Dataquery) for t in panel.targets), panel.title
 
 
 def test_every_query_uses_only_declared_metrics() -> None:
@@ -106,6 +126,18 @@ def test_every_query_uses_only_declared_metrics() -> None:
         "reservoir_envelope_window_committed",
         "reservoir_envelope_shortfall",
         "reservoir_claim_occupancy_seconds_total",
+        # Live exposure (issue 25)
+        "reservoir_envelope_claims_reserved",
+        "reservoir_envelope_oldest_reservation_timestamp_seconds",
+        "reservoir_envelope_lease_remaining_seconds",
+        "reservoir_envelope_lease_age_seconds",
+        "reservoir_claim_open_age_seconds_bucket",
+        "reservoir_claim_released_total",
+        "reservoir_lease_renewal_margin_seconds_bucket",
+        "reservoir_claim_cancel_after_dispatch_seconds_bucket",
+        "reservoir_claim_cancel_confirmation_seconds_bucket",
+        "reservoir_pool_capacity",
+        "reservoir_pool_envelopes",
     ):
         assert metric in used, f"no panel shows {metric}"
 

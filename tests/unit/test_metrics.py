@@ -12,9 +12,13 @@ from prometheus_client import REGISTRY
 
 from reservoir import metrics
 from reservoir.core.model import (
+    ChildEntry,
+    ChildPhase,
     ClaimPhase,
     ContractType,
     LedgerEntry,
+    ProviderRecord,
+    ProviderState,
     ResourceTotals,
     Settlement,
     WindowSlice,
@@ -341,3 +345,176 @@ def test_occupancy_is_counted_once_and_a_reusable_resource_has_no_consumed_ratio
     # Coalesced: seen only once settled with its occupancy, it is counted once all the same.
     metrics.observe_written("ns", f"{klass}-c", {}, {"u": freed}, {"u": T0}, contracts)
     assert sample("reservoir_claim_occupancy_seconds_total", f"{klass}-c", resource=GPU) == 400
+
+
+# --- live exposure (issue 25) ---------------------------------------------------------------
+
+
+def live_snapshot(now: datetime, klass: str = "c") -> metrics.EnvelopeSnapshot:
+    """Three open claims (Tentative 10 s old, Running 1 h old, Detached 2 h old) and one
+    settled one, which the live gauges leave out."""
+    lines = [
+        entry(
+            ClaimPhase.TENTATIVE,
+            "10",
+            first_reserved_at=now - timedelta(seconds=10),
+            expires_at=now + timedelta(seconds=50),
+        ),
+        entry(
+            ClaimPhase.RUNNING,
+            "30",
+            first_reserved_at=now - timedelta(hours=1),
+            renewed_at=now - timedelta(seconds=40),
+            expires_at=now + timedelta(seconds=20),
+        ),
+        entry(
+            ClaimPhase.DETACHED,
+            "5",
+            first_reserved_at=now - timedelta(hours=2),
+            expires_at=now - timedelta(minutes=30),
+        ),
+        entry(ClaimPhase.CONSUMED, "99", first_reserved_at=now - timedelta(hours=9)),
+    ]
+    return metrics.EnvelopeSnapshot(
+        workflow_class=klass,
+        totals=ResourceTotals(),
+        counts={},
+        stranded={},
+        ambiguity_deadline_seconds=60,
+        open_claims=metrics.OpenClaim.of(lines),
+    )
+
+
+def test_open_claims_show_what_they_hold_by_phase_their_oldest_and_their_leases() -> None:
+    now = datetime.now(UTC)
+    gauges = metrics.EnvelopeGauges()
+    gauges.record("ns", "e", live_snapshot(now))
+    held = gauge_samples(gauges, "reservoir_envelope_claims_reserved")
+    assert held == {
+        ("ns", "e", "tokens", "Tentative", "Consumable"): 10,
+        ("ns", "e", "tokens", "Running", "Consumable"): 30,
+        ("ns", "e", "tokens", "Detached", "Consumable"): 5,
+    }
+    oldest = gauge_samples(gauges, "reservoir_envelope_oldest_reservation_timestamp_seconds")
+    assert oldest == {("ns", "e"): (now - timedelta(hours=2)).timestamp()}
+    # The least time left is the Running claim's (the Detached one's lease has lapsed).
+    (remaining,) = gauge_samples(gauges, "reservoir_envelope_lease_remaining_seconds").values()
+    assert 18 < remaining <= 20
+    # The stalest grant: the Running claim's renewal 40 s ago (the Tentative one's is 10 s).
+    (age,) = gauge_samples(gauges, "reservoir_envelope_lease_age_seconds").values()
+    assert 40 <= age < 42
+    buckets = {
+        s.labels["le"]: s.value
+        for family in gauges.collect()
+        for s in family.samples
+        if s.name == "reservoir_claim_open_age_seconds_bucket"
+    }
+    assert buckets["30.0"] == 1 and buckets["3600.0"] == 1 and buckets["7200.0"] == 2
+    assert buckets["+Inf"] == 3
+    assert gauge_samples(gauges, "reservoir_claim_open_age_seconds_gcount") == {("ns", "c"): 3}
+    gauges.forget("ns", "e")
+    assert all(not family.samples for family in gauges.collect())
+
+
+def test_live_ages_of_envelopes_past_the_cap_count_as_other() -> None:
+    now = datetime.now(UTC)
+    gauges = metrics.EnvelopeGauges(max_envelopes=1)
+    for n in range(3):
+        gauges.record(f"tenant-{n}", "e", live_snapshot(now, klass=f"run-{n}"))
+    counts = gauge_samples(gauges, "reservoir_claim_open_age_seconds_gcount")
+    assert counts == {("tenant-0", "run-0"): 3, ("_other", "_other"): 6}
+    held = gauge_samples(gauges, "reservoir_envelope_claims_reserved")
+    assert held[("_other", "_other", "tokens", "Running", "Consumable")] == 60
+    oldest = gauge_samples(gauges, "reservoir_envelope_oldest_reservation_timestamp_seconds")
+    assert set(oldest) == {("tenant-0", "e")}
+
+
+def test_released_amounts_renewal_margins_and_cancel_timings_are_observed_once() -> None:
+    klass = "unit-live"
+    reserved = entry(
+        ClaimPhase.COMMITTED,
+        first_reserved_at=T0,
+        committed_at=T0 + timedelta(seconds=5),
+        expires_at=T0 + timedelta(seconds=60),
+    )
+    renewed = reserved.model_copy(
+        update={
+            "renewals": 1,
+            "renewed_at": T0 + timedelta(seconds=45),
+            "expires_at": T0 + timedelta(seconds=105),
+        }
+    )
+    cancelled = renewed.model_copy(
+        update={"cancel_requested_at": T0 + timedelta(seconds=65)}  # 60 s after dispatch
+    )
+    settled = cancelled.model_copy(
+        update={
+            "phase": ClaimPhase.CONSUMED,
+            "consumed": {"tokens": Decimal(8)},
+            "released": {"tokens": Decimal(12)},
+            "provider": ProviderRecord(state=ProviderState.CANCELLED),
+            "work_ended_at": T0 + timedelta(seconds=75),  # confirmed 10 s after the cancel
+            "settlement": Settlement(
+                key="k",
+                phase=ClaimPhase.CONSUMED,
+                reason="Cancelled",
+                at=T0 + timedelta(seconds=90),
+            ),
+        }
+    )
+    history = [{}, {"u": reserved}, {"u": renewed}, {"u": cancelled}, {"u": settled}]
+    for before, after in itertools.pairwise(history):
+        metrics.observe_written("ns", klass, before, after, {})
+        metrics.observe_written("ns", klass, after, after, {})  # a rewrite: nothing new
+    assert sample("reservoir_lease_renewal_margin_seconds_count", klass) == 1
+    assert sample("reservoir_lease_renewal_margin_seconds_sum", klass) == 15
+    assert sample("reservoir_claim_cancel_after_dispatch_seconds_sum", klass) == 60
+    assert sample("reservoir_claim_cancel_confirmation_seconds_count", klass) == 1
+    assert sample("reservoir_claim_cancel_confirmation_seconds_sum", klass) == 10
+    labels = {"resource": "tokens", "reason": "Cancelled"}
+    assert sample("reservoir_claim_released_total", klass, **labels) == 12
+
+
+def test_a_cancel_the_provider_did_not_confirm_has_no_confirmation_latency() -> None:
+    klass = "unit-unconfirmed"
+    settled = entry(
+        ClaimPhase.CONSUMED,
+        first_reserved_at=T0,
+        committed_at=T0,
+        cancel_requested_at=T0 + timedelta(seconds=1),
+        released={"tokens": Decimal(3)},
+        settlement=Settlement(
+            key="k", phase=ClaimPhase.CONSUMED, reason="Completed", at=T0 + timedelta(seconds=9)
+        ),
+    )
+    metrics.observe_written("ns", klass, {}, {"u": settled}, {})
+    assert sample("reservoir_claim_cancel_after_dispatch_seconds_count", klass) == 1
+    assert sample("reservoir_claim_cancel_confirmation_seconds_count", klass) == 0
+    labels = {"resource": "tokens", "reason": "Completed"}
+    assert sample("reservoir_claim_released_total", klass, **labels) == 3
+
+
+def test_pool_gauges_show_totals_and_envelopes_by_namespace_and_go_with_the_pool() -> None:
+    gauges = metrics.PoolGauges(max_pools=1)
+    lines = [
+        ChildEntry(envelope="a", namespace="team-a", phase=ChildPhase.RESERVED),
+        ChildEntry(envelope="b", namespace="team-a", phase=ChildPhase.RESERVED),
+        ChildEntry(envelope="c", namespace="team-b", phase=ChildPhase.SETTLED),
+    ]
+    totals = ResourceTotals(
+        capacity={"gpu": Decimal(8)},
+        reserved={"gpu": Decimal(6)},
+        available={"gpu": Decimal(2)},
+    )
+    gauges.record("p", metrics.PoolSnapshot.of(totals, lines, ["team-b", "team-b"]))
+    gauges.record("q", metrics.PoolSnapshot.of(totals, [], ["team-c"]))  # past the cap
+    found = {(s.name, *s.labels.values()): s.value for f in gauges.collect() for s in f.samples}
+    assert found[("reservoir_pool_capacity", "p", "gpu", "available")] == 2
+    assert found[("reservoir_pool_capacity", "_other", "gpu", "reserved")] == 6
+    assert found[("reservoir_pool_envelopes", "p", "team-a", "reserved")] == 2
+    assert found[("reservoir_pool_envelopes", "p", "team-b", "pending")] == 2
+    assert found[("reservoir_pool_envelopes", "_other", "team-c", "pending")] == 1
+    assert ("reservoir_pool_envelopes", "p", "team-b", "reserved") not in found
+    gauges.forget("p")
+    gauges.forget("q")
+    assert all(not family.samples for family in gauges.collect())

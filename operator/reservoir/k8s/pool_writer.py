@@ -16,6 +16,7 @@ from lightkube import ApiError, AsyncClient
 from lightkube.models.meta_v1 import ObjectMeta
 from pydantic import ValidationError
 
+from reservoir import metrics
 from reservoir.core.budgets import ChildFacts
 from reservoir.core.inflight import EnvelopeBehindError
 from reservoir.core.ledger import InvariantViolationError
@@ -71,6 +72,7 @@ class PoolWriter:
             pool = as_dict(await self.client.get(ReservationPool, name))
         except ApiError as error:
             if error.status.code == 404:
+                metrics.pools.forget(name)
                 return None
             raise
         meta = pool["metadata"]
@@ -128,6 +130,14 @@ class PoolWriter:
                 if facts.deleting or uid in result.status.children:
                     meta = envelope["metadata"]
                     self.poke_envelope(meta["namespace"], meta["name"])
+        metrics.pools.record(
+            name,
+            metrics.PoolSnapshot.of(
+                result.status.totals,
+                result.lines.values(),
+                (bodies[uid]["metadata"]["namespace"] for uid in result.pending if uid in bodies),
+            ),
+        )
         for event in result.events:
             target = bodies.get(event.uid, pool)
             self.record(
