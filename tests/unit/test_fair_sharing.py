@@ -214,6 +214,28 @@ def test_a_guarantee_is_kept_and_not_blocked_by_a_large_head() -> None:
     world.create_envelope("a-2", {GPU: 1}, namespace="a")
     run.settle()
     assert run.of("a-2").parent is None
+    fit = next(c for c in run.pool.conditions if c.type == "GuaranteesFit")
+    assert (fit.status, fit.reason) == ("True", "Fit")
+
+
+def test_guarantees_beyond_the_capacity_are_said_and_the_ledger_holds() -> None:
+    world = World.with_pool(
+        {GPU: 4},
+        namespaces=["a", "b", "c"],
+        shares={"a": {"guaranteed": {GPU: 3}}, "b": {"guaranteed": {GPU: 3}}},
+    )
+    run = Run(world)
+    for ns in "cab":
+        for i in range(4):
+            world.create_envelope(f"{ns}-{i}", {GPU: 1}, namespace=ns)
+    run.settle()
+    fit = next(c for c in run.pool.conditions if c.type == "GuaranteesFit")
+    assert (fit.status, fit.reason) == ("False", "ExceedCapacity")
+    assert "more than the capacity of nvidia.com/gpu" in fit.message
+    # Each kept at 3 × 4/6 = 2: the pool is used whole, c (guaranteed nothing) waits while
+    # a and b want what is kept for them, and nothing goes past the capacity.
+    held = {ns: run.pool.shares[ns].held.get(GPU, 0) for ns in run.pool.shares}
+    assert held == {"a": 2, "b": 2, "c": 0}
 
 
 def test_a_closed_pool_freezes_admissions_and_keeps_everything_else() -> None:

@@ -100,6 +100,24 @@ class SharingRules:
     def share(self, namespace: str) -> Share:
         return self.shares.get(namespace) or Share()
 
+    def kept(self) -> dict[str, dict[str, Decimal]]:
+        """Each namespace's guarantee as it can be kept: where the guarantees add up to more
+        than the capacity of a resource, each is scaled down in proportion (else each
+        namespace would keep the others' unreachable guarantees from all of them, and the
+        pool would idle with every guaranteed namespace waiting)."""
+        total: dict[str, Decimal] = {}
+        for share in self.shares.values():
+            total = add(total, share.guaranteed)
+        kept: dict[str, dict[str, Decimal]] = {}
+        for namespace, share in self.shares.items():
+            amounts = {}
+            for resource, amount in share.guaranteed.items():
+                capacity = self.capacity.get(resource, ZERO)
+                over = total[resource] > capacity
+                amounts[resource] = amount * capacity / total[resource] if over else amount
+            kept[namespace] = amounts
+        return kept
+
     def cap(self, namespace: str) -> int | None:
         own = self.share(namespace).max_open
         return own if own is not None else self.max_open_per_namespace
@@ -162,6 +180,14 @@ def pool_refusal(
     return class_refusal(SharingRules.of(spec), namespace, priority_class)
 
 
+def over_guaranteed(rules: SharingRules) -> list[str]:
+    """The resources whose guarantees add up to more than the pool's capacity."""
+    total: dict[str, Decimal] = {}
+    for share in rules.shares.values():
+        total = add(total, share.guaranteed)
+    return sorted(r for r, amount in total.items() if amount > rules.capacity.get(r, ZERO))
+
+
 def class_value(rules: SharingRules, name: str | None) -> int:
     rule = rules.classes.get(name) if name is not None else None
     return rule.value if rule is not None else DEFAULT_CLASS_VALUE
@@ -191,6 +217,7 @@ class FairQueue:
         waiting: Iterable[Waiting],
     ) -> None:
         self.rules = rules
+        self.guaranteed = rules.kept()
         self.held: dict[str, dict[str, Decimal]] = {ns: dict(h) for ns, h in held.items()}
         self.open: dict[str, int] = dict(open_counts)
         self.refused: dict[str, Admission] = {}  # uid -> why it waits, set aside
@@ -259,11 +286,11 @@ class FairQueue:
     def kept_for_others(self, namespace: str) -> dict[str, Decimal]:
         """The unused guarantees of every other namespace: what `namespace` may not take."""
         kept: dict[str, Decimal] = {}
-        for other, share in self.rules.shares.items():
+        for other, guaranteed in self.guaranteed.items():
             if other == namespace:
                 continue
             held = self.held.get(other, {})
-            for resource, amount in share.guaranteed.items():
+            for resource, amount in guaranteed.items():
                 unused = amount - held.get(resource, ZERO)
                 if unused > ZERO:
                     kept[resource] = kept.get(resource, ZERO) + unused
@@ -278,7 +305,7 @@ class FairQueue:
     def within_guarantee(self, entry: Waiting) -> bool:
         """Its namespace, having admitted it, would still hold no more than its guarantee
         of every resource it asks for: it draws on its own part of the pool."""
-        guaranteed = self.rules.share(entry.namespace).guaranteed
+        guaranteed = self.guaranteed.get(entry.namespace)
         if not guaranteed:
             return False
         held = self.held.get(entry.namespace, {})

@@ -41,6 +41,7 @@ from reservoir.core.fairshare import (
     FairQueue,
     SharingRules,
     Waiting,
+    over_guaranteed,
     rendered_share,
     weighted_share,
 )
@@ -61,7 +62,7 @@ from reservoir.core.model import (
     ReservationPoolStatus,
 )
 from reservoir.core.policy import Admission
-from reservoir.core.text import bounded
+from reservoir.core.text import bounded, names
 from reservoir.core.windows import expire_windows, next_return, record_windows
 
 POOL_DEPTH = 0
@@ -159,6 +160,7 @@ def reconcile_pool(
         ledger.conditions,
         [
             ready(pool),
+            guarantees_fit(pool),
             Desired(
                 "AllEnvelopesCapped",
                 not uncapped,
@@ -191,6 +193,21 @@ def ready(pool: PoolFacts) -> Desired:
     if pool.spec.state is EnvelopeState.CLOSED:
         return Desired("Ready", False, "Closed", POOL_CLOSED.message)
     return Desired("Ready", True, "AdmitsEnvelopes", "")
+
+
+def guarantees_fit(pool: PoolFacts) -> Desired:
+    """Guarantees beyond the capacity cannot all be kept: the namespaces first admitted get
+    theirs, the others wait. Said, since no schema rule can add the guarantees up."""
+    over = over_guaranteed(SharingRules.of(pool.spec))
+    if over:
+        return Desired(
+            "GuaranteesFit",
+            False,
+            "ExceedCapacity",
+            f"the namespaces' guarantees add up to more than the capacity of {names(over)}: "
+            "each is kept scaled down in proportion",
+        )
+    return Desired("GuaranteesFit", True, "Fit", "")
 
 
 def admit_fairly(
