@@ -414,6 +414,24 @@ def pool_panels(board: board_builder.Dashboard) -> board_builder.Dashboard:
                 stacked=True,
             )
         )
+        .with_panel(
+            timeseries_panel(
+                "Fair share by namespace",
+                "Each namespace's weighted dominant share of each selected pool: the largest "
+                "fraction of any one resource its open envelopes hold, divided by its weight. "
+                "The pool admits the lowest first, so under saturation the lines level out; "
+                "one staying above the others holds what it was admitted before the others "
+                "came, or what a guarantee keeps for it.",
+                [
+                    (
+                        f"max by (pool, namespace) (reservoir_pool_namespace_share{{{POOL}}})",
+                        "{{pool}} {{namespace}}",
+                    )
+                ],
+                unit="percentunit",
+                width=24,
+            )
+        )
     )
 
 

@@ -61,11 +61,10 @@ from reservoir.core.compensation import APPLIED, RECORDED
 from reservoir.core.contracts import in_use, type_of
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
-    ChildEntry,
-    ChildPhase,
     ClaimPhase,
     ContractType,
     LedgerEntry,
+    NamespaceUsage,
     ProviderState,
     ResourceTotals,
     WindowSlice,
@@ -663,26 +662,23 @@ POOL_STATES = ("capacity", "reserved", "committed", "available")
 
 @dataclass(frozen=True)
 class PoolSnapshot:
-    """What one reconcile of a pool saw, for its gauges: its totals, and its envelopes by
-    namespace: those admitted (a Reserved line here) and those waiting for admission."""
+    """What one write of a pool recorded, for its gauges: its totals, and per namespace its
+    envelopes admitted (a Reserved line here) and waiting, and its weighted dominant share
+    (the pool's `status.shares`)."""
 
     totals: ResourceTotals
     reserved: Mapping[str, int] = field(default_factory=dict)  # namespace -> envelopes
     pending: Mapping[str, int] = field(default_factory=dict)  # namespace -> envelopes
+    share: Mapping[str, Decimal] = field(default_factory=dict)  # namespace -> weighted share
 
     @classmethod
-    def of(
-        cls, totals: ResourceTotals, lines: Iterable[ChildEntry], pending: Iterable[str]
-    ) -> PoolSnapshot:
-        """`pending`: the namespace of each envelope that waits."""
-        reserved: dict[str, int] = {}
-        for line in lines:
-            if line.phase is ChildPhase.RESERVED:
-                reserved[line.namespace] = reserved.get(line.namespace, 0) + 1
-        waiting: dict[str, int] = {}
-        for namespace in pending:
-            waiting[namespace] = waiting.get(namespace, 0) + 1
-        return cls(totals=totals, reserved=reserved, pending=waiting)
+    def of(cls, totals: ResourceTotals, shares: Mapping[str, NamespaceUsage]) -> PoolSnapshot:
+        return cls(
+            totals=totals,
+            reserved={ns: u.open for ns, u in shares.items() if u.open},
+            pending={ns: u.waiting for ns, u in shares.items() if u.waiting},
+            share={ns: Decimal(u.share) for ns, u in shares.items()},
+        )
 
 
 @dataclass(eq=False)  # registries key collectors by identity
@@ -729,6 +725,13 @@ class PoolGauges(Collector):
             "holding their capacity here) or pending (waiting for admission).",
             labels=["pool", "namespace", "state"],
         )
+        share = GaugeMetricFamily(
+            "reservoir_pool_namespace_share",
+            "A namespace's weighted dominant share of the pool (the largest fraction of any "
+            "one resource its open envelopes hold, divided by its weight): the pool admits "
+            "the lowest first, so under saturation the namespaces' shares level out.",
+            labels=["pool", "namespace"],
+        )
         sums: dict[tuple[str, ...], float] = {}
         for pool, snap in sorted(snapshots.items()):
             name = pool if pool in shown else OTHER
@@ -740,11 +743,15 @@ class PoolGauges(Collector):
                 for namespace, count in _bounded_namespaces(counts):
                     key = (envelopes.name, name, namespace, state)
                     sums[key] = sums.get(key, 0.0) + count
-        families = {f.name: f for f in (capacity, envelopes)}
+            if name != OTHER:  # a share is not summed across pools
+                for namespace, weighted in sorted(snap.share.items()):
+                    sums[(share.name, name, namespace)] = float(weighted)
+        families = {f.name: f for f in (capacity, envelopes, share)}
         for (family, *labels), value in sorted(sums.items()):
             families[family].add_metric(labels, value)
         yield capacity
         yield envelopes
+        yield share
 
 
 def _bounded_namespaces(counts: Mapping[str, int]) -> list[tuple[str, int]]:

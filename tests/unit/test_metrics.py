@@ -12,11 +12,10 @@ from prometheus_client import REGISTRY
 
 from reservoir import metrics
 from reservoir.core.model import (
-    ChildEntry,
-    ChildPhase,
     ClaimPhase,
     ContractType,
     LedgerEntry,
+    NamespaceUsage,
     ProviderRecord,
     ProviderState,
     ResourceTotals,
@@ -496,18 +495,18 @@ def test_a_cancel_the_provider_did_not_confirm_has_no_confirmation_latency() -> 
 
 def test_pool_gauges_show_totals_and_envelopes_by_namespace_and_go_with_the_pool() -> None:
     gauges = metrics.PoolGauges(max_pools=1)
-    lines = [
-        ChildEntry(envelope="a", namespace="team-a", phase=ChildPhase.RESERVED),
-        ChildEntry(envelope="b", namespace="team-a", phase=ChildPhase.RESERVED),
-        ChildEntry(envelope="c", namespace="team-b", phase=ChildPhase.SETTLED),
-    ]
+    shares = {
+        "team-a": NamespaceUsage(held={"gpu": Decimal(6)}, share="0.7500", open=2),
+        "team-b": NamespaceUsage(waiting=2),
+    }
     totals = ResourceTotals(
         capacity={"gpu": Decimal(8)},
         reserved={"gpu": Decimal(6)},
         available={"gpu": Decimal(2)},
     )
-    gauges.record("p", metrics.PoolSnapshot.of(totals, lines, ["team-b", "team-b"]))
-    gauges.record("q", metrics.PoolSnapshot.of(totals, [], ["team-c"]))  # past the cap
+    gauges.record("p", metrics.PoolSnapshot.of(totals, shares))
+    past_the_cap = {"team-c": NamespaceUsage(waiting=1, share="0.5000")}
+    gauges.record("q", metrics.PoolSnapshot.of(totals, past_the_cap))
     found = {(s.name, *s.labels.values()): s.value for f in gauges.collect() for s in f.samples}
     assert found[("reservoir_pool_capacity", "p", "gpu", "available")] == 2
     assert found[("reservoir_pool_capacity", "_other", "gpu", "reserved")] == 6
@@ -515,6 +514,11 @@ def test_pool_gauges_show_totals_and_envelopes_by_namespace_and_go_with_the_pool
     assert found[("reservoir_pool_envelopes", "p", "team-b", "pending")] == 2
     assert found[("reservoir_pool_envelopes", "_other", "team-c", "pending")] == 1
     assert ("reservoir_pool_envelopes", "p", "team-b", "reserved") not in found
+    assert found[("reservoir_pool_namespace_share", "p", "team-a")] == 0.75
+    assert found[("reservoir_pool_namespace_share", "p", "team-b")] == 0
+    assert not any(
+        key[0] == "reservoir_pool_namespace_share" and key[1] == "_other" for key in found
+    )
     gauges.forget("p")
     gauges.forget("q")
     assert all(not family.samples for family in gauges.collect())

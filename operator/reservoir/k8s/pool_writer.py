@@ -132,11 +132,7 @@ class PoolWriter:
                     self.poke_envelope(meta["namespace"], meta["name"])
         metrics.pools.record(
             name,
-            metrics.PoolSnapshot.of(
-                result.status.totals,
-                result.lines.values(),
-                (bodies[uid]["metadata"]["namespace"] for uid in result.pending if uid in bodies),
-            ),
+            metrics.PoolSnapshot.of(result.status.totals, result.status.shares),
         )
         for event in result.events:
             target = bodies.get(event.uid, pool)
