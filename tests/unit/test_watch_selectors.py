@@ -12,8 +12,9 @@ from kopf._core.intents import registries
 
 import reservoir.handlers  # noqa: F401  (registers the handlers)
 from reservoir.handlers.startup import WATCH_LABEL_SELECTORS
-from reservoir.k8s.devices import placeholder_spec
-from reservoir.k8s.resources import CLAIM_LABEL
+from reservoir.k8s.devices import PLACEHOLDER_LABEL, placeholder_spec
+from reservoir.k8s.resources import CLAIM_LABEL, CLAIM_NAME_ANNOTATION, labelled_for
+from reservoir.sdk import ClaimView, workload_pod
 
 
 def handlers_of(group: str, version: str, plural: str) -> list[Any]:
@@ -54,8 +55,30 @@ def test_a_placeholder_pod_carries_the_label_the_pods_watch_selects() -> None:
         "spec": {"envelope": "wf", "requests": {"nvidia.com/gpu": "1"}},
     }
     pod = placeholder_spec(claim, None)
-    assert pod["metadata"]["labels"][CLAIM_LABEL] == "c1"
+    assert pod["metadata"]["labels"][CLAIM_LABEL] == "u-1"  # the UID: a name may not fit
     assert WATCH_LABEL_SELECTORS["", "v1", "pods"] == CLAIM_LABEL
+
+
+def test_labels_hold_a_claims_uid_and_annotations_its_name_whatever_its_length() -> None:
+    """Issue 25: a claim's name may be 253 characters, a label value at most 63. The
+    placeholder and the SDK's workload pod carry the claim's UID as the label, its name in
+    an annotation; either label value names the claim for the operator."""
+    name = "n" * 200
+    claim: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "t", "uid": "u-1", "resourceVersion": "1"},
+        "spec": {"envelope": "wf", "requests": {"nvidia.com/gpu": "1"}},
+    }
+    placeholder = placeholder_spec(claim, None)["metadata"]
+    assert placeholder["labels"][CLAIM_LABEL] == placeholder["labels"][PLACEHOLDER_LABEL] == "u-1"
+    assert placeholder["annotations"][CLAIM_NAME_ANNOTATION] == name
+    view = ClaimView.from_api({**claim, "spec": {**claim["spec"], "branch": "b"}})
+    pod = workload_pod(view, {"metadata": {"name": "w"}, "spec": {"containers": []}})
+    assert pod["metadata"]["labels"][CLAIM_LABEL] == "u-1"
+    assert pod["metadata"]["annotations"][CLAIM_NAME_ANNOTATION] == name
+    for value in ("u-1", name):
+        assert labelled_for(value, "u-1", name)
+    for value in ("", None, "u-2", name[:63]):
+        assert not labelled_for(value, "u-1", name)
 
 
 def test_a_placeholder_pod_opts_out_of_mesh_sidecars() -> None:

@@ -27,6 +27,7 @@ from reservoir.core.text import bounded
 from reservoir.k8s import facts as read
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
+    CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
     HAND_OFF_GATE,
     BranchClaim,
@@ -121,12 +122,15 @@ def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> di
     uid = claim["metadata"]["uid"]
     hints = claim["spec"].get("placement") or {}
     meta = _meta(claim, placeholder_name(uid))
-    label = claim["metadata"]["name"][:63].rstrip("-_.") or "claim"
-    meta["labels"][PLACEHOLDER_LABEL] = meta["labels"][CLAIM_LABEL] = label
+    # The claim's UID: its name may be longer than a label value (issue 25); kept in an
+    # annotation for people.
+    meta["labels"][PLACEHOLDER_LABEL] = meta["labels"][CLAIM_LABEL] = uid
     # A mesh's injector would add containers and volumes, which the chart's policy refuses
     # on a placeholder (found by review: no GPU claim could be held in an injected
     # namespace); it holds devices and never talks to anything.
-    meta.setdefault("annotations", {}).update(NO_SIDECAR)
+    annotations = meta.setdefault("annotations", {})
+    annotations.update(NO_SIDECAR)
+    annotations[CLAIM_NAME_ANNOTATION] = claim["metadata"]["name"]
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,

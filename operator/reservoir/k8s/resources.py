@@ -20,9 +20,21 @@ ReservationPool = create_global_resource(
 )
 
 ENVELOPE_LABEL = f"{API_GROUP}/envelope"
+# A claim's workload pods, Lease and placeholder pod: the label holds the claim's UID (a
+# label value is at most 63 characters, a claim's name up to 253), and the annotation
+# below its name, for people. A pod or Job a tenant labels with the claim's name (one that
+# fits) is the claim's too: the operator matches the label on either.
 CLAIM_LABEL = f"{API_GROUP}/claim"
+CLAIM_NAME_ANNOTATION = f"{API_GROUP}/claim-name"
 # An envelope's workflow class: metrics and right-sizing aggregate over it.
 WORKFLOW_CLASS_LABEL = f"{API_GROUP}/workflow-class"
+
+
+def labelled_for(value: str | None, uid: str, name: str) -> bool:
+    """Whether a `reservoir.dev/claim` label value names the claim: its UID, or its name."""
+    return bool(value) and value in (uid, name)
+
+
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
 FORCE_SETTLE_GONE_ANNOTATION = f"{API_GROUP}/force-settle-gone"
 # kopf's own finalizer, on envelopes and pools (their deletion handlers).

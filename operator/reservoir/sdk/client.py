@@ -124,6 +124,7 @@ from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
     CLAIM_LABEL,
+    CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
     BranchClaim,
     ReservationEnvelope,
@@ -912,7 +913,9 @@ class AsyncReservoir:
                 metadata=ObjectMeta(
                     name=view.name,
                     namespace=self.namespace,
-                    labels={ENVELOPE_LABEL: view.spec.envelope, CLAIM_LABEL: view.name},
+                    # The claim's UID: its name may not fit in a label value (issue 25).
+                    labels={ENVELOPE_LABEL: view.spec.envelope, CLAIM_LABEL: view.uid},
+                    annotations={CLAIM_NAME_ANNOTATION: view.name},
                     ownerReferences=[
                         OwnerReference(
                             apiVersion=f"{API_GROUP}/{API_VERSION}",
