@@ -29,8 +29,10 @@ from reservoir.k8s.resources import (
     CLAIM_LABEL,
     CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
+    ENVELOPE_NAME_ANNOTATION,
     HAND_OFF_GATE,
     BranchClaim,
+    envelope_label,
     get_object,
 )
 
@@ -62,9 +64,10 @@ def _meta(claim: Mapping[str, Any], name: str) -> dict[str, Any]:
         "name": name,
         "namespace": meta["namespace"],
         "labels": {
-            ENVELOPE_LABEL: claim["spec"]["envelope"],
+            ENVELOPE_LABEL: envelope_label(claim["spec"]["envelope"]),
             CLAIM_UID_LABEL: meta["uid"],
         },
+        "annotations": {ENVELOPE_NAME_ANNOTATION: claim["spec"]["envelope"]},
         "ownerReferences": [
             {
                 "apiVersion": f"{API_GROUP}/{API_VERSION}",
@@ -292,7 +295,7 @@ class DeviceHolder:
         admission policies let nobody else create). The labels select them on the API
         server, but a tenant may put them on a decoy: one taken for the real ResourceClaim
         made the devices look released while a pod still used them (found by review)."""
-        selector: dict[str, Any] = {ENVELOPE_LABEL: envelope, CLAIM_UID_LABEL: None}
+        selector: dict[str, Any] = {ENVELOPE_LABEL: envelope_label(envelope), CLAIM_UID_LABEL: None}
         claims: dict[str, dict[str, Any]] = {}
         try:
             async for rc in self.client.list(ResourceClaim, namespace=namespace, labels=selector):

@@ -126,9 +126,11 @@ from reservoir.k8s.resources import (
     CLAIM_LABEL,
     CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
+    ENVELOPE_NAME_ANNOTATION,
     BranchClaim,
     ReservationEnvelope,
     ReservationPool,
+    envelope_label,
     field_value,
     get_object,
     path_segment,
@@ -509,7 +511,7 @@ class AsyncReservoir:
             name=name,
             generateName=None if name else f"{envelope}-{branch}-"[:58],
             namespace=self.namespace,
-            labels={ENVELOPE_LABEL: envelope},
+            labels={ENVELOPE_LABEL: envelope_label(envelope)},
             finalizers=[CLAIM_FINALIZER],
             ownerReferences=(
                 [
@@ -914,8 +916,14 @@ class AsyncReservoir:
                     name=view.name,
                     namespace=self.namespace,
                     # The claim's UID: its name may not fit in a label value (issue 25).
-                    labels={ENVELOPE_LABEL: view.spec.envelope, CLAIM_LABEL: view.uid},
-                    annotations={CLAIM_NAME_ANNOTATION: view.name},
+                    labels={
+                        ENVELOPE_LABEL: envelope_label(view.spec.envelope),
+                        CLAIM_LABEL: view.uid,
+                    },
+                    annotations={
+                        ENVELOPE_NAME_ANNOTATION: view.spec.envelope,
+                        CLAIM_NAME_ANNOTATION: view.name,
+                    },
                     ownerReferences=[
                         OwnerReference(
                             apiVersion=f"{API_GROUP}/{API_VERSION}",
