@@ -65,8 +65,21 @@ done
 build_part etcd "$ETCD_VERSION" "-s -w" go.etcd.io/etcd/server/v3
 build_part kwok "$KWOK_VERSION" "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION}" \
   sigs.k8s.io/kwok/cmd/kwok
-build_part helm "$HELM_VERSION" "-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}" \
-  helm.sh/helm/v3/cmd/helm
+# Helm's own Makefile sets, besides its version, the Kubernetes version that `helm template`
+# and `helm lint` assume without --kube-version (else v1.20.0, below any chart's kubeVersion):
+# the k8s.io/client-go it is built with, v0.X.Y being Kubernetes 1.X. That version is part
+# of the cache key, so that a binary built without it is never reused.
+helm_kube="$(awk '$1 == "k8s.io/client-go" {print $2}' "$here/helm/go.mod")"
+helm_kube_minor="${helm_kube#v0.}"; helm_kube_minor="${helm_kube_minor%%.*}"
+if ! [[ "$helm_kube_minor" =~ ^[0-9]+$ ]]; then
+  echo "hack/tools/helm/go.mod: no k8s.io/client-go v0.X.Y requirement (found '$helm_kube')" >&2
+  exit 1
+fi
+helm_ldflags="-s -w -X helm.sh/helm/v3/internal/version.version=${HELM_VERSION}"
+for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
+  helm_ldflags+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=${helm_kube_minor}"
+done
+build_part helm "${HELM_VERSION}-kube1.${helm_kube_minor}" "$helm_ldflags" helm.sh/helm/v3/cmd/helm
 build_part kubernetes "$KUBERNETES_VERSION" "$k8s_ldflags" \
   k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-scheduler \
   k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kubectl

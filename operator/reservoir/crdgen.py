@@ -34,11 +34,13 @@ from reservoir.core.model import (
     CLAIM_SPEC_RULES,
     BranchClaimSpec,
     BranchClaimStatus,
+    EnvelopePhase,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
+from reservoir.core.model.common import MAX_SECONDS
 from reservoir.core.serving_classes import CLASS_POLICY_FIELDS
 from reservoir.lease_fence_rules import lease_fence_validations, lease_fence_variables
 
@@ -194,9 +196,35 @@ def envelope_crd() -> dict[str, Any]:
         ],
         # `kubectl get renv --field-selector spec.parent=planner`, and the operator's list
         selectable=(".spec.parent",),
+        root_rules=[EXPIRED_IS_PERMANENT, EXPIRED_LIFETIME_ONLY_SHORTENS],
     )
     without_class_defaults(made)
     return made
+
+
+# An envelope expires when its lifetime has passed, a moment CEL cannot see (it has no
+# clock): the operator records it as status.phase Expired, perhaps while the envelope still
+# closes (claims running), and from then on it never admits again. So that a tenant cannot
+# reopen it, the record stays, and the lifetime it expired by can only be shortened: not
+# raised, nor removed (issue 25). The rules sit at the root, where they read the status.
+_WAS_EXPIRED = (
+    f"has(oldSelf.status) && has(oldSelf.status.phase) && "
+    f"oldSelf.status.phase == '{EnvelopePhase.EXPIRED.value}'"
+)
+EXPIRED_IS_PERMANENT = {
+    "rule": f"!({_WAS_EXPIRED}) || (has(self.status) && has(self.status.phase) && "
+    f"self.status.phase == '{EnvelopePhase.EXPIRED.value}')",
+    "message": "status.phase Expired is the envelope's permanent record: an expired envelope "
+    "stays Expired",
+}
+_NO_LIFETIME = MAX_SECONDS + 1  # an absent lifetime: longer than any
+EXPIRED_LIFETIME_ONLY_SHORTENS = {
+    "rule": f"!({_WAS_EXPIRED}) || "
+    f"(has(self.spec.lifetimeSeconds) ? self.spec.lifetimeSeconds : {_NO_LIFETIME}) <= "
+    f"(has(oldSelf.spec.lifetimeSeconds) ? oldSelf.spec.lifetimeSeconds : {_NO_LIFETIME})",
+    "message": "an Expired envelope's spec.lifetimeSeconds can only be lowered: raised or "
+    "removed, it would reopen an envelope that has expired",
+}
 
 
 def without_class_defaults(envelope: dict[str, Any]) -> None:

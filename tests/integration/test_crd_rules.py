@@ -383,6 +383,8 @@ CLAIM_SPEC: JsonDict = {
 ENVELOPE_SPEC: JsonDict = {"capacity": {"tokens": "100k", "cost": "12.50"}}
 POOL_SPEC: JsonDict = {"capacity": {"tokens": "1M", "cost": "100"}, "namespaces": ["a", "b"]}
 CHILD: JsonDict = {"parent": "planner"}
+EXPIRING: JsonDict = {"lifetimeSeconds": 60}
+EXPIRED: JsonDict = {"phase": "Expired"}  # as the operator records it once the lifetime passed
 
 
 def keeps_all(*path: str) -> Invariant:
@@ -598,6 +600,23 @@ CASES = [
     Case("upstream-state-removed", "BranchClaim", (), "upstream.state is a fact",
          {"spec": {"upstream": {"state": None}}}, unchanged("spec", "upstream", "state"),
          spec={"upstream": {"state": "Accepted"}, "dispatch": True}, admission=True),
+    # Issue 25: an envelope that expired (perhaps still closing: claims running) is never
+    # reopened, by its lifetime raised or removed, or by its recorded phase going.
+    Case("lifetime-raised-once-expired", "ReservationEnvelope", (), "can only be lowered",
+         {"spec": {"lifetimeSeconds": 3600}}, unchanged("spec", "lifetimeSeconds"),
+         spec=EXPIRING, status=EXPIRED, reads=(("status", "phase"),),
+         detours=({"status": {"phase": "Closing"}},)),
+    Case("lifetime-removed-once-expired", "ReservationEnvelope", (), "can only be lowered",
+         {"spec": {"lifetimeSeconds": None}}, unchanged("spec", "lifetimeSeconds"),
+         spec=EXPIRING, status=EXPIRED, reads=(("status", "phase"),),
+         detours=({"status": {"phase": "Open"}},)),
+    Case("expired-phase-changed", "ReservationEnvelope", (), "stays Expired",
+         {"status": {"phase": "Open"}}, unchanged("status", "phase"),
+         spec=EXPIRING, status=EXPIRED, reads=(("spec", "lifetimeSeconds"),),
+         detours=({"spec": {"lifetimeSeconds": 3600}},)),
+    Case("expired-phase-removed", "ReservationEnvelope", (), "stays Expired",
+         {"status": {"phase": None}}, unchanged("status", "phase"),
+         spec=EXPIRING, status=EXPIRED),
     Case("envelope-reopened", "ReservationEnvelope", ("spec", "state"), "cannot be reopened",
          {"spec": {"state": "Open"}}, unchanged("spec", "state"),
          spec={"state": "Closed"}),

@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from reservoir.k8s.resources import envelope_label
 from reservoir.sdk import ClaimView, Reservoir, workload_pod
 from tests.clusters import ClusterHandle
 from tests.integration.conftest import OperatorProcess
@@ -333,3 +336,102 @@ def test_under_the_commit_policy_a_chosen_branch_without_devices_says_why(
         return None
 
     eventually("DevicesHeld=False with the scheduler's reason", waiting)
+
+
+# A claim name of 200 characters (a name may have 253; a label value at most 63).
+LONG_NAME = ("a-claim-named-longer-than-any-label-value-" * 5)[:199] + "z"
+LONG_ENVELOPE = ("an-envelope-named-longer-than-any-label-value-" * 5)[:199] + "z"
+
+
+@pytest.mark.parametrize("envelope", ["gpus", LONG_ENVELOPE], ids=["envelope", "long-envelope"])
+def test_a_claim_named_longer_than_a_label_value_holds_gpus_and_a_lease_end_to_end(
+    cluster: ClusterHandle, ns: str, sdk: Reservoir, tmp_path: Path, envelope: str
+) -> None:
+    """Issue 25: the claim's placeholder, Lease and workload pod are labelled with its UID
+    and carry its name in an annotation, so a claim named past 63 characters holds its
+    GPUs, renews its Lease, hands its devices to its workload pod and settles; in an
+    envelope named past 63 characters too (labelled by a digest of its name, the name in
+    an annotation). A tenant of another namespace labelling a pod of its own with the
+    claim's UID gets nothing (the operator watches every namespace here)."""
+    assert len(LONG_NAME) == len(LONG_ENVELOPE) == 200
+    other = f"other-{ns}"
+    cluster.kubectl("create", "namespace", other)
+    operator = OperatorProcess(cluster, None, tmp_path / "operator.log")
+    try:
+        create_envelope(cluster, ns, envelope, {GPU: "8"}, defaultLeaseSeconds=300)
+        view = held(sdk, sdk.hold(envelope, "train", {GPU: "2"}, name=LONG_NAME))
+        assert view.status.placement is not None
+        node = view.status.placement.node
+        placeholder = pod(cluster, ns, f"reservoir-hold-{view.uid}")["metadata"]
+        assert placeholder["labels"]["reservoir.dev/claim"] == view.uid
+        assert placeholder["annotations"]["reservoir.dev/claim-name"] == LONG_NAME
+        assert placeholder["annotations"]["reservoir.dev/envelope-name"] == envelope
+        assert placeholder["labels"]["reservoir.dev/envelope"] == envelope_label(envelope)
+
+        # Its Lease: created by the first heartbeat, labelled by UID, and granted.
+        renewals = view.entry.renewals if view.entry is not None else 0
+        renewed = sdk.renew(view)
+        assert renewed.entry is not None and renewed.entry.renewals > renewals
+        lease = json.loads(cluster.kubectl("get", "lease", LONG_NAME, "-n", ns, "-o", "json"))
+        assert lease["metadata"]["labels"]["reservoir.dev/claim"] == view.uid
+        assert lease["metadata"]["annotations"]["reservoir.dev/claim-name"] == LONG_NAME
+        assert lease["spec"]["holderIdentity"] == sdk.holder
+        assert lease["metadata"]["annotations"]["reservoir.dev/envelope-name"] == envelope
+        assert lease["metadata"]["labels"]["reservoir.dev/envelope"] == envelope_label(envelope)
+
+        # A hostile tenant's pod labelled with the claim's UID, in its own namespace, behind
+        # the gate (as a workload pod is made): not the claim's, never handed anything.
+        template = {
+            "metadata": {"name": "trainer"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "train",
+                        "image": "registry.k8s.io/pause:3.10",
+                        "resources": {"limits": {GPU: "2"}},
+                    }
+                ]
+            },
+        }
+        decoy = workload_pod(view, {**template, "metadata": {"name": "decoy"}})
+        decoy["metadata"]["namespace"] = other
+        decoy["spec"].pop("resourceClaims")  # another namespace's ResourceClaim: none here
+        for container in decoy["spec"]["containers"]:
+            container["resources"].pop("claims")
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(decoy))
+
+        manifest = workload_pod(sdk.get(LONG_NAME), template)
+        assert manifest["metadata"]["labels"]["reservoir.dev/claim"] == view.uid
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(manifest))
+        committed = sdk.wait(LONG_NAME, condition="Committed", within=30)
+        line = ledger_line(sdk, committed)
+        assert line is not None and line.handed_off_at is not None
+        bound = eventually(
+            "the workload pod bound", lambda: pod(cluster, ns, "trainer")["spec"].get("nodeName")
+        )
+        assert bound == node
+        eventually(
+            "the placeholder gone",
+            lambda: (
+                not cluster.kubectl(
+                    "get", "pods", "-n", ns, "-l", "reservoir.dev/placeholder-for", "-o", "name"
+                ).strip()
+            ),
+        )
+        users = [u["name"] for u in resource_claim(cluster, ns, view.uid)["status"]["reservedFor"]]
+        assert users == ["trainer"]
+        hostile = pod(cluster, other, "decoy")
+        assert hostile["spec"].get("schedulingGates") == [{"name": "reservoir.dev/hand-off"}]
+
+        sdk.finish(sdk.get(LONG_NAME), {GPU: "2"})
+        settled = wait_phase(sdk, LONG_NAME, "Consumed")
+        assert settled.status.placement is not None
+        cluster.kubectl("delete", "pod", "trainer", "-n", ns, "--wait=false")
+        eventually(
+            "the devices confirmed free",
+            lambda: (p := sdk.get(LONG_NAME).status.placement) is not None and p.devices_released,
+        )
+        assert pod(cluster, other, "decoy")["spec"].get("schedulingGates"), "still gated"
+    finally:
+        operator.stop()
+        cluster.kubectl("delete", "namespace", other, "--wait=false")

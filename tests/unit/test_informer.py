@@ -89,6 +89,19 @@ def test_records_are_kept_by_envelope_and_follow_their_claim() -> None:
     assert len(kept) == 1
 
 
+def test_a_claim_is_found_by_uid_in_its_own_namespace_only() -> None:
+    """A workload pod's label holds its claim's UID (issue 25): the UID finds the claim's
+    envelope only from the claim's own namespace (a pod elsewhere labelled with it wakes
+    nothing of another tenant)."""
+    kept = informer(Seen())
+    kept.apply({"type": None, "object": claim("a", namespace="team-a")}, "team-a")
+    assert kept.key_of_uid("team-a", "a") == ("team-a", "wf")
+    assert kept.key_of_uid("team-b", "a") is None
+    assert kept.key_of_uid("team-a", "c-a") is None  # a name is not a UID
+    kept.apply({"type": "DELETED", "object": claim("a", namespace="team-a")}, "team-a")
+    assert kept.key_of_uid("team-a", "a") is None
+
+
 def test_a_deletion_the_decoder_cut_down_still_carries_the_last_status() -> None:
     """A DELETED event of an object the decoder set aside brings only its metadata: the
     handler gets the record kept before it (its line and envelope) and where it was."""

@@ -445,6 +445,29 @@ def test_an_envelope_past_its_lifetime_expires_and_stops_admitting() -> None:
     assert sim.status.balance_released == {"tokens": 100}
 
 
+@pytest.mark.parametrize("lifetime", [3600, None], ids=["raised", "removed"])
+def test_an_expired_envelope_still_closing_never_reopens(lifetime: int | None) -> None:
+    """Issue 25: expired while a committed claim still runs (closing), its lifetime raised
+    or removed since: the recorded Expired phase stands, no claim is admitted, and the
+    balance is released once, when the running claim settles."""
+    sim = Sim()
+    sim.envelope = replace(
+        sim.envelope, spec=sim.envelope.spec.model_copy(update={"lifetime_seconds": 10})
+    )
+    sim.create("a").reconcile().dispatch("a").reconcile()
+    sim.tick(10).reconcile()
+    assert sim.status.phase == "Expired" and sim.status.closed_at is None
+    sim.envelope = replace(
+        sim.envelope, spec=sim.envelope.spec.model_copy(update={"lifetime_seconds": lifetime})
+    )
+    sim.tick().create("late").reconcile()
+    assert sim.status.phase == "Expired"
+    assert sim.phase("late") is P.REJECTED
+    sim.usage("a", "15", final=True).reconcile()
+    assert sim.status.phase == "Expired" and sim.status.closed_at is not None
+    assert sim.status.balance_released == {"tokens": 85}
+
+
 def test_returned_capacity_stays_in_the_envelope_for_siblings() -> None:
     sim = Sim().create("a", {"tokens": "60"}).create("b", {"tokens": "60"}).reconcile()
     assert sim.phase("b") is P.PENDING

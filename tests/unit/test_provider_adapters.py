@@ -555,6 +555,21 @@ async def test_forwarding_a_cancel_to_objects() -> None:
     assert deleted == (True, "deleted Job train-7")
     assert kube.calls[-1][:3] == ("delete", "Job", "train-7")
     assert kube.calls[-1][3]["cascade"].value == "Background"
+    # Or with the claim's UID (issue 25: a claim's name may not fit in a label value).
+    long_name = "c" * 200
+    kube.objects[("Job", "train-7")] = obj(labels={"reservoir.dev/claim": "uid-1"})
+    deletes = sum(call[0] == "delete" for call in kube.calls)
+    done, text = await client.forward_cancel("ns", job_claim(), NO_PROVIDER, delete, long_name)
+    assert not done and "is not labelled" in text
+    done, text = await client.forward_cancel(
+        "ns", job_claim(), NO_PROVIDER, delete, long_name, "uid-2"
+    )
+    assert not done and "is not labelled reservoir.dev/claim=uid-2 (the claim's UID) or" in text
+    assert sum(call[0] == "delete" for call in kube.calls) == deletes
+    deleted = await client.forward_cancel(
+        "ns", job_claim(), NO_PROVIDER, delete, long_name, "uid-1"
+    )
+    assert deleted == (True, "deleted Job train-7")
 
     pod = job_claim(apiVersion="v1", kind="Pod", name="w-1")
     done, text = await client.forward_cancel("ns", pod, NO_PROVIDER, suspend)

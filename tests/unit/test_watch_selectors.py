@@ -5,15 +5,27 @@ a kind requires (at least) the selector's labels."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import kopf
+from hypothesis import example, given
+from hypothesis import strategies as st
 from kopf._core.intents import registries
 
 import reservoir.handlers  # noqa: F401  (registers the handlers)
 from reservoir.handlers.startup import WATCH_LABEL_SELECTORS
-from reservoir.k8s.devices import placeholder_spec
-from reservoir.k8s.resources import CLAIM_LABEL
+from reservoir.k8s.devices import PLACEHOLDER_LABEL, placeholder_spec
+from reservoir.k8s.resources import (
+    CLAIM_LABEL,
+    CLAIM_NAME_ANNOTATION,
+    ENVELOPE_LABEL,
+    ENVELOPE_NAME_ANNOTATION,
+    envelope_label,
+    labelled_envelope,
+    labelled_for,
+)
+from reservoir.sdk import ClaimView, workload_pod
 
 
 def handlers_of(group: str, version: str, plural: str) -> list[Any]:
@@ -54,8 +66,30 @@ def test_a_placeholder_pod_carries_the_label_the_pods_watch_selects() -> None:
         "spec": {"envelope": "wf", "requests": {"nvidia.com/gpu": "1"}},
     }
     pod = placeholder_spec(claim, None)
-    assert pod["metadata"]["labels"][CLAIM_LABEL] == "c1"
+    assert pod["metadata"]["labels"][CLAIM_LABEL] == "u-1"  # the UID: a name may not fit
     assert WATCH_LABEL_SELECTORS["", "v1", "pods"] == CLAIM_LABEL
+
+
+def test_labels_hold_a_claims_uid_and_annotations_its_name_whatever_its_length() -> None:
+    """Issue 25: a claim's name may be 253 characters, a label value at most 63. The
+    placeholder and the SDK's workload pod carry the claim's UID as the label, its name in
+    an annotation; either label value names the claim for the operator."""
+    name = "n" * 200
+    claim: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": "t", "uid": "u-1", "resourceVersion": "1"},
+        "spec": {"envelope": "wf", "requests": {"nvidia.com/gpu": "1"}},
+    }
+    placeholder = placeholder_spec(claim, None)["metadata"]
+    assert placeholder["labels"][CLAIM_LABEL] == placeholder["labels"][PLACEHOLDER_LABEL] == "u-1"
+    assert placeholder["annotations"][CLAIM_NAME_ANNOTATION] == name
+    view = ClaimView.from_api({**claim, "spec": {**claim["spec"], "branch": "b"}})
+    pod = workload_pod(view, {"metadata": {"name": "w"}, "spec": {"containers": []}})
+    assert pod["metadata"]["labels"][CLAIM_LABEL] == "u-1"
+    assert pod["metadata"]["annotations"][CLAIM_NAME_ANNOTATION] == name
+    for value in ("u-1", name):
+        assert labelled_for(value, "u-1", name)
+    for value in ("", None, "u-2", name[:63]):
+        assert not labelled_for(value, "u-1", name)
 
 
 def test_a_placeholder_pod_opts_out_of_mesh_sidecars() -> None:
@@ -68,3 +102,33 @@ def test_a_placeholder_pod_opts_out_of_mesh_sidecars() -> None:
     annotations = placeholder_spec(claim, None)["metadata"]["annotations"]
     assert annotations["sidecar.istio.io/inject"] == "false"
     assert annotations["linkerd.io/inject"] == "disabled"
+
+
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+OBJECT_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+names = st.from_regex(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?", fullmatch=True).filter(
+    lambda n: OBJECT_NAME.match(n) is not None
+)
+
+
+@example(name="a" * 200, other="a" * 199)
+@example(name="a" * 64, other="a" * 63)
+@given(name=names, other=names)
+def test_an_envelope_label_fits_and_never_names_another_envelope(name: str, other: str) -> None:
+    """Issue 25: an envelope's label value is its name when it fits (as before), else a
+    digest that is a valid label value and no object name can be; the annotation carries
+    the name back, and only for the label it belongs to."""
+    label = envelope_label(name)
+    assert LABEL_VALUE.match(label) and len(label) <= 63
+    assert (label == name) == (len(name) <= 63)
+    assert OBJECT_NAME.match(label) is None or label == name  # a digest is no name
+    if other != name:
+        assert envelope_label(other) != label
+    annotated = {ENVELOPE_NAME_ANNOTATION: name}
+    assert labelled_envelope({ENVELOPE_LABEL: label}, annotated) == name
+    assert labelled_envelope({ENVELOPE_LABEL: label}, None) == label
+    assert labelled_envelope(None, annotated) is None
+    # An annotation naming another envelope than the label's is not believed.
+    if other != name:
+        forged = labelled_envelope({ENVELOPE_LABEL: label}, {ENVELOPE_NAME_ANNOTATION: other})
+        assert forged == label

@@ -191,8 +191,13 @@ class EnvelopeFacts:
     children: Sequence[ChildFacts] = ()  # envelopes naming this one as their parent
     siblings: Sequence[SiblingFacts] = ()  # the other children of its parent envelope
     closed: bool = False  # its ledger recorded that it closed: it never admits again
+    # Its ledger recorded that it expired (status.phase Expired): expired for good, whatever
+    # its lifetime says since (the API server refuses raising or removing it then).
+    expired_recorded: bool = False
 
     def expired(self, now: datetime) -> bool:
+        if self.expired_recorded:
+            return True
         lifetime = self.spec.lifetime_seconds
         return lifetime is not None and now >= self.created_at + timedelta(seconds=lifetime)
 
@@ -475,6 +480,10 @@ def _where_capacity_comes_from(result: Reconciliation, envelope: EnvelopeFacts) 
         # Closed (or expired) and its balance returned: whatever its spec says since (a
         # lifetime removed, say), it never admits again (found by review).
         envelope = replace(envelope, closed=True)
+    if ledger.phase is EnvelopePhase.EXPIRED:
+        # Expired, perhaps still closing: a lifetime raised or removed since never reopens
+        # it (issue 25), even before its balance is returned.
+        envelope = replace(envelope, expired_recorded=True)
     result.admitted = ledger.parent is not None and ledger.parent.admitted_at is not None
     if result.admitted and ledger.parent is not None and ledger.parent.reserved:
         # Drawn from a parent or pool: it holds what was reserved there, whatever its spec

@@ -9,13 +9,15 @@ from typing import Any
 import kopf
 
 from reservoir.k8s.devices import CLAIM_UID_LABEL, PLACEHOLDER_LABEL
-from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL
+from reservoir.k8s.resources import CLAIM_LABEL, ENVELOPE_LABEL, labelled_envelope
 from reservoir.services import Services
 
 
-def _wake(labels: kopf.Labels, namespace: str | None, memo: kopf.Memo) -> None:
+def _wake(
+    labels: kopf.Labels, annotations: kopf.Annotations, namespace: str | None, memo: kopf.Memo
+) -> None:
     services: Services = memo.services
-    envelope = labels.get(ENVELOPE_LABEL)
+    envelope = labelled_envelope(labels, annotations)
     if namespace and envelope:
         services.writer.poke(namespace, envelope)
 
@@ -27,9 +29,13 @@ def _wake(labels: kopf.Labels, namespace: str | None, memo: kopf.Memo) -> None:
     labels={CLAIM_UID_LABEL: kopf.PRESENT, ENVELOPE_LABEL: kopf.PRESENT},
 )
 async def allocation_changed(
-    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
+    labels: kopf.Labels,
+    annotations: kopf.Annotations,
+    namespace: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    _wake(labels, namespace, memo)
+    _wake(labels, annotations, namespace, memo)
 
 
 # Placeholders carry the claim label too: the pods' server-side selector (see startup).
@@ -37,6 +43,10 @@ async def allocation_changed(
     "", "v1", "pods", labels={PLACEHOLDER_LABEL: kopf.PRESENT, CLAIM_LABEL: kopf.PRESENT}
 )
 async def placeholder_changed(
-    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
+    labels: kopf.Labels,
+    annotations: kopf.Annotations,
+    namespace: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    _wake(labels, namespace, memo)
+    _wake(labels, annotations, namespace, memo)

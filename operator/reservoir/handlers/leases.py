@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 
 from reservoir.k8s.informer import Key
-from reservoir.k8s.resources import ENVELOPE_LABEL
+from reservoir.k8s.resources import ENVELOPE_LABEL, labelled_envelope
 from reservoir.services import Services
 
 LEASES = ("coordination.k8s.io", "v1", "leases")
@@ -24,10 +24,11 @@ async def leases_by_envelope(**_: Any) -> None:
 
 
 def lease_key(body: Mapping[str, Any]) -> Key:
-    """Where a Lease's record is kept: its namespace and its claim's envelope."""
+    """Where a Lease's record is kept: its namespace and its claim's envelope (its label,
+    or the name in its annotation that the label is the digest of)."""
     meta = body["metadata"]
-    labels = meta.get("labels") or {}
-    return str(meta.get("namespace") or ""), str(labels.get(ENVELOPE_LABEL) or "")
+    envelope = labelled_envelope(meta.get("labels"), meta.get("annotations"))
+    return str(meta.get("namespace") or ""), envelope or ""
 
 
 def renewal_requested(

@@ -1,4 +1,4 @@
-"""Workload pods (labelled reservoir.dev/claim=NAME) commit claims whose commit point is
+"""Workload pods (labelled reservoir.dev/claim=UID, or =NAME) commit claims whose commit point is
 the pod's binding (PodScheduled) or start (PodRunning)."""
 
 from __future__ import annotations
@@ -19,8 +19,12 @@ WORKLOAD = {CLAIM_LABEL: kopf.PRESENT, PLACEHOLDER_LABEL: kopf.ABSENT}
 async def workload_pod_changed(
     labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
 ) -> None:
-    """A pod's claim (its label, in its namespace) finds the ledger to wake."""
+    """A pod's claim (its label: the claim's UID or name, in its namespace) finds the
+    ledger to wake."""
     services: Services = memo.services
-    found = services.claims.key_of(namespace or "", labels[CLAIM_LABEL])
+    value = str(labels[CLAIM_LABEL])
+    found = services.claims.key_of_uid(namespace or "", value) or services.claims.key_of(
+        namespace or "", value
+    )
     if namespace and found is not None and found[1]:
         services.writer.poke(*found)

@@ -8,16 +8,22 @@ from typing import Any
 
 import kopf
 
-from reservoir.k8s.resources import ENVELOPE_LABEL
+from reservoir.k8s.resources import ENVELOPE_LABEL, labelled_envelope
 from reservoir.services import Services
 
 
 @kopf.on.event("batch", "v1", "jobs", labels={ENVELOPE_LABEL: kopf.PRESENT})
 async def upstream_job_changed(
-    labels: kopf.Labels, namespace: str | None, memo: kopf.Memo, **_: Any
+    labels: kopf.Labels,
+    annotations: kopf.Annotations,
+    namespace: str | None,
+    memo: kopf.Memo,
+    **_: Any,
 ) -> None:
-    """A Job's progress is a fact for its envelope's ledger (a claim it runs may settle)."""
-    envelope = labels.get(ENVELOPE_LABEL)
+    """A Job's progress is a fact for its envelope's ledger (a claim it runs may settle).
+    An envelope named past 63 characters: the label `reservoir.dev/envelope` holds
+    `envelope_label(name)`, the annotation `reservoir.dev/envelope-name` the name."""
+    envelope = labelled_envelope(labels, annotations)
     if namespace and envelope:
         services: Services = memo.services
         services.writer.poke(namespace, envelope)

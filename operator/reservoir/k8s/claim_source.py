@@ -38,6 +38,7 @@ from reservoir.k8s.resources import (
     ENVELOPE_LABEL,
     FORCE_SETTLE_ANNOTATION,
     BranchClaim,
+    envelope_label,
     field_value,
 )
 
@@ -312,7 +313,7 @@ class ListedClaims:
     async def leases(self, namespace: str, envelope: str) -> dict[str, Record]:
         found: dict[str, Record] = {}
         async for lease in self.client.list(
-            Lease, namespace=namespace, labels={ENVELOPE_LABEL: envelope}
+            Lease, namespace=namespace, labels={ENVELOPE_LABEL: envelope_label(envelope)}
         ):
             body = lease_record(lease.to_dict())
             found[body["metadata"]["name"]] = body

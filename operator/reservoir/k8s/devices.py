@@ -27,9 +27,12 @@ from reservoir.core.text import bounded
 from reservoir.k8s import facts as read
 from reservoir.k8s.resources import (
     CLAIM_LABEL,
+    CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
+    ENVELOPE_NAME_ANNOTATION,
     HAND_OFF_GATE,
     BranchClaim,
+    envelope_label,
     get_object,
 )
 
@@ -61,9 +64,10 @@ def _meta(claim: Mapping[str, Any], name: str) -> dict[str, Any]:
         "name": name,
         "namespace": meta["namespace"],
         "labels": {
-            ENVELOPE_LABEL: claim["spec"]["envelope"],
+            ENVELOPE_LABEL: envelope_label(claim["spec"]["envelope"]),
             CLAIM_UID_LABEL: meta["uid"],
         },
+        "annotations": {ENVELOPE_NAME_ANNOTATION: claim["spec"]["envelope"]},
         "ownerReferences": [
             {
                 "apiVersion": f"{API_GROUP}/{API_VERSION}",
@@ -121,12 +125,15 @@ def placeholder_spec(claim: Mapping[str, Any], priority_class: str | None) -> di
     uid = claim["metadata"]["uid"]
     hints = claim["spec"].get("placement") or {}
     meta = _meta(claim, placeholder_name(uid))
-    label = claim["metadata"]["name"][:63].rstrip("-_.") or "claim"
-    meta["labels"][PLACEHOLDER_LABEL] = meta["labels"][CLAIM_LABEL] = label
+    # The claim's UID: its name may be longer than a label value (issue 25); kept in an
+    # annotation for people.
+    meta["labels"][PLACEHOLDER_LABEL] = meta["labels"][CLAIM_LABEL] = uid
     # A mesh's injector would add containers and volumes, which the chart's policy refuses
     # on a placeholder (found by review: no GPU claim could be held in an injected
     # namespace); it holds devices and never talks to anything.
-    meta.setdefault("annotations", {}).update(NO_SIDECAR)
+    annotations = meta.setdefault("annotations", {})
+    annotations.update(NO_SIDECAR)
+    annotations[CLAIM_NAME_ANNOTATION] = claim["metadata"]["name"]
     spec: dict[str, Any] = {
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 0,
@@ -288,7 +295,7 @@ class DeviceHolder:
         admission policies let nobody else create). The labels select them on the API
         server, but a tenant may put them on a decoy: one taken for the real ResourceClaim
         made the devices look released while a pod still used them (found by review)."""
-        selector: dict[str, Any] = {ENVELOPE_LABEL: envelope, CLAIM_UID_LABEL: None}
+        selector: dict[str, Any] = {ENVELOPE_LABEL: envelope_label(envelope), CLAIM_UID_LABEL: None}
         claims: dict[str, dict[str, Any]] = {}
         try:
             async for rc in self.client.list(ResourceClaim, namespace=namespace, labels=selector):

@@ -65,6 +65,11 @@ class Informer:
         """The records kept under `key` (an envelope's claims, or their Leases)."""
         return tuple((self._by_key.get(key) or {}).values())
 
+    def key_of_uid(self, namespace: str, uid: str) -> Key | None:
+        """Where the object of this UID is kept, if it is, and it is in `namespace`."""
+        key = self._keys.get(uid)
+        return key if key is not None and key[0] == namespace else None
+
     def key_of(self, namespace: str, name: str) -> Key | None:
         """Where the object named `name` in `namespace` is kept (its envelope), if it is."""
         uid = self._names.get((namespace, name))

@@ -238,7 +238,7 @@ class PassFacts:
         for claim in claims:
             meta = claim["metadata"]
             lease = leases.get(meta["name"])
-            workload = pods.get(meta["name"]) or []
+            workload = pods.get(meta["uid"]) or []
             key = (
                 meta["uid"],
                 meta["resourceVersion"],
@@ -863,7 +863,7 @@ class LedgerWriter:
             {
                 uid: [
                     p
-                    for p in fetched.pods.get(by_uid[uid]["metadata"]["name"], [])
+                    for p in fetched.pods.get(uid, [])
                     if p["metadata"].get("uid") == pod_uid
                     and not (uid in result.keep_gated and read.still_gated(p))
                 ]
@@ -1010,7 +1010,7 @@ class LedgerWriter:
         async with self._lookups.setdefault(namespace, asyncio.Semaphore(LOOKUPS_PER_NAMESPACE)):
             if how is not None:
                 done, text = await self.providers.forward_cancel(
-                    namespace, fact.spec, policy, how, fact.name
+                    namespace, fact.spec, policy, how, fact.name, fact.uid
                 )
                 fact = replace(fact, cancel_forwarded=ForwardedCancel(how, done, text))
             if lookup:
@@ -1163,15 +1163,22 @@ class LedgerWriter:
     async def _workload_pods(
         self, namespace: str, claims: list[Record], has_devices: bool
     ) -> dict[str, list[Mapping[str, Any]]]:
-        """Pods labelled with a claim's name, for claims whose commit point is a pod's
-        binding or start, or that hand devices over. Listed only when some claim may."""
+        """Pods labelled for a claim (its UID, or its name), by claim UID, for claims whose
+        commit point is a pod's binding or start, or that hand devices over. Listed only
+        when some claim may. A label value that is one claim's UID is that claim's, whatever
+        another claim is named."""
         if not has_devices and all(commit_point(c) == CommitPoint.DISPATCH for c in claims):
             return {}
+        uids = {c["metadata"]["uid"] for c in claims}
+        by_name = {c["metadata"]["name"]: c["metadata"]["uid"] for c in claims}
         pods: dict[str, list[Mapping[str, Any]]] = {}
         workloads: dict[str, Any] = {CLAIM_LABEL: None, PLACEHOLDER_LABEL: not_exists()}
         async for pod in self.client.list(Pod, namespace=namespace, labels=workloads):
             body = pod.to_dict()
-            pods.setdefault(body["metadata"]["labels"][CLAIM_LABEL], []).append(body)
+            value = body["metadata"]["labels"][CLAIM_LABEL]
+            uid = value if value in uids else by_name.get(value)
+            if uid is not None:
+                pods.setdefault(uid, []).append(body)
         return pods
 
     def _announce_invalid(

@@ -72,7 +72,7 @@ from reservoir.k8s.provider_http import (
     UnreachableError,
 )
 from reservoir.k8s.provider_policy import check_template
-from reservoir.k8s.resources import CLAIM_LABEL
+from reservoir.k8s.resources import CLAIM_LABEL, labelled_for
 
 log = logging.getLogger("reservoir.providers")
 
@@ -460,12 +460,13 @@ class ProviderClient:
         policy: EnvelopePolicy,
         how: UpstreamCancel,
         claim: str = "",
+        claim_uid: str = "",
     ) -> tuple[bool, str]:
         """Ask the provider to cancel: whether it was forwarded, and what was done, in a few
         words (never raises). Even when forwarded, the cancel is only requested: the answer
         comes by lookup. One that was not forwarded is tried again on a later pass."""
         try:
-            text = await self._forward_cancel(namespace, spec, policy, how, claim)
+            text = await self._forward_cancel(namespace, spec, policy, how, claim, claim_uid)
         except ProviderError as error:
             text = f"not forwarded: {error}"
         except Exception as error:  # never raise
@@ -479,12 +480,13 @@ class ProviderClient:
         policy: EnvelopePolicy,
         how: UpstreamCancel,
         claim: str,
+        claim_uid: str = "",
     ) -> str:
         if how is UpstreamCancel.NEVER:
             return "not forwarded: the envelope's upstreamCancel is Never"
         ref, endpoint, operation = spec.upstream.ref, policy.provider, spec.upstream.operation_id
         if ref is not None:
-            return await self._cancel_object(namespace, ref, how, claim)
+            return await self._cancel_object(namespace, ref, how, claim, claim_uid)
         if endpoint is not None and operation:  # a cancel needs no status lookup
             return await self._cancel_http(namespace, endpoint, operation)
         return "not forwarded: no upstream.ref, and no provider endpoint"
@@ -502,7 +504,7 @@ class ProviderClient:
         return f"{REQUESTED} (HTTP {code})" if 200 <= code < 300 else f"refused (HTTP {code})"
 
     async def _cancel_object(
-        self, namespace: str, ref: ObjectRef, how: UpstreamCancel, claim: str
+        self, namespace: str, ref: ObjectRef, how: UpstreamCancel, claim: str, claim_uid: str = ""
     ) -> str:
         try:
             checked_name(ref.name, ref.kind)
@@ -526,12 +528,14 @@ class ProviderClient:
                 resource = resource_for(ref)
             except ValueError as error:
                 return f"not forwarded: {ref.kind} {ref.name}: {error}"
-            # Deleted only with its owner's consent: the object's label names the claim
-            # (the chart's admission policy refuses the operator any other delete).
+            # Deleted only with its owner's consent: the object's label names the claim, by
+            # its name or UID (a name may not fit in a label value); the chart's admission
+            # policy refuses the operator any other delete.
             target = _as_mapping(await self.client.get(resource, ref.name, namespace=namespace))
             labels = (target.get("metadata") or {}).get("labels") or {}
-            if labels.get(CLAIM_LABEL) != claim:
-                return f"not forwarded: {ref.kind} {ref.name} is not labelled {CLAIM_LABEL}={claim}"
+            if not labelled_for(labels.get(CLAIM_LABEL), claim_uid, claim):
+                names = f"{claim_uid} (the claim's UID) or {claim}" if claim_uid else claim
+                return f"not forwarded: {ref.kind} {ref.name} is not labelled {CLAIM_LABEL}={names}"
             await self.client.delete(
                 resource, ref.name, namespace=namespace, cascade=CascadeType.BACKGROUND
             )

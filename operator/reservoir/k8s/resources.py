@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import weakref
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -20,9 +22,51 @@ ReservationPool = create_global_resource(
 )
 
 ENVELOPE_LABEL = f"{API_GROUP}/envelope"
+# The envelope's name, on what carries the label above (see `envelope_label`).
+ENVELOPE_NAME_ANNOTATION = f"{API_GROUP}/envelope-name"
+MAX_LABEL_VALUE = 63
+# A label value no object name can be: names are lowercase, without underscores.
+_DIGEST_PREFIX = "H_"
+# A claim's workload pods, Lease and placeholder pod: the label holds the claim's UID (a
+# label value is at most 63 characters, a claim's name up to 253), and the annotation
+# below its name, for people. A pod or Job a tenant labels with the claim's name (one that
+# fits) is the claim's too: the operator matches the label on either.
 CLAIM_LABEL = f"{API_GROUP}/claim"
+CLAIM_NAME_ANNOTATION = f"{API_GROUP}/claim-name"
 # An envelope's workflow class: metrics and right-sizing aggregate over it.
 WORKFLOW_CLASS_LABEL = f"{API_GROUP}/workflow-class"
+
+
+def envelope_label(name: str) -> str:
+    """The `reservoir.dev/envelope` label value of the envelope named `name`: the name when
+    it fits in a label value (63 characters: unchanged from before issue 25), else a digest
+    of it that no object's name can equal, so no envelope's label is another's. The name
+    itself goes in the `reservoir.dev/envelope-name` annotation."""
+    if len(name) <= MAX_LABEL_VALUE:
+        return name
+    return _DIGEST_PREFIX + hashlib.sha256(name.encode()).hexdigest()[:60]
+
+
+def labelled_envelope(
+    labels: Mapping[str, Any] | None, annotations: Mapping[str, Any] | None
+) -> str | None:
+    """The envelope an object's label names: the annotation's name when the label is that
+    name's (a digest, or the name itself), else the label (a name that fits). None when
+    it has no label; a digest without its name names no envelope there is."""
+    label = (labels or {}).get(ENVELOPE_LABEL)
+    if not label:
+        return None
+    name = (annotations or {}).get(ENVELOPE_NAME_ANNOTATION)
+    if isinstance(name, str) and name and envelope_label(name) == label:
+        return name
+    return str(label)
+
+
+def labelled_for(value: str | None, uid: str, name: str) -> bool:
+    """Whether a `reservoir.dev/claim` label value names the claim: its UID, or its name."""
+    return bool(value) and value in (uid, name)
+
+
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
 FORCE_SETTLE_GONE_ANNOTATION = f"{API_GROUP}/force-settle-gone"
 # kopf's own finalizer, on envelopes and pools (their deletion handlers).

@@ -125,10 +125,13 @@ from reservoir.k8s.request_ids import claims_with_request_id
 from reservoir.k8s.resources import (
     CLAIM_FINALIZER,
     CLAIM_LABEL,
+    CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
+    ENVELOPE_NAME_ANNOTATION,
     BranchClaim,
     ReservationEnvelope,
     ReservationPool,
+    envelope_label,
     field_value,
     get_object,
     path_segment,
@@ -517,7 +520,7 @@ class AsyncReservoir:
             name=name,
             generateName=None if name else f"{envelope}-{branch}-"[:58],
             namespace=self.namespace,
-            labels={ENVELOPE_LABEL: envelope},
+            labels={ENVELOPE_LABEL: envelope_label(envelope)},
             finalizers=[CLAIM_FINALIZER],
             ownerReferences=(
                 [
@@ -921,7 +924,15 @@ class AsyncReservoir:
                 metadata=ObjectMeta(
                     name=view.name,
                     namespace=self.namespace,
-                    labels={ENVELOPE_LABEL: view.spec.envelope, CLAIM_LABEL: view.name},
+                    # The claim's UID: its name may not fit in a label value (issue 25).
+                    labels={
+                        ENVELOPE_LABEL: envelope_label(view.spec.envelope),
+                        CLAIM_LABEL: view.uid,
+                    },
+                    annotations={
+                        ENVELOPE_NAME_ANNOTATION: view.spec.envelope,
+                        CLAIM_NAME_ANNOTATION: view.name,
+                    },
                     ownerReferences=[
                         OwnerReference(
                             apiVersion=f"{API_GROUP}/{API_VERSION}",

@@ -1,13 +1,13 @@
 """Workload pods for claims: turn a pod of yours into the one that runs a claim's branch.
 
-The pod gets the claim's label and waits behind the hand-off gate until the operator has
-recorded the hand-off of what the claim holds (which commits the claim, whatever its
-commitPoint: creating the pod is sending the branch) and lifted it: it never starts for a
-claim that is Pending, cancelled or settled. For a claim with device resources
-(GPUs) the pod also references the claim's ResourceClaim, so it runs on exactly the devices
-the claim holds; the placeholder that held them goes once the pod holds them. (With the
-chart's tenant policies, the API server refuses a pod labelled for a claim without the
-gate.)
+The pod gets the claim's label (its UID; its name in an annotation) and waits behind the
+hand-off gate until the operator has recorded the hand-off of what the claim holds (which
+commits the claim, whatever its commitPoint: creating the pod is sending the branch) and
+lifted it: it never starts for a claim that is Pending, cancelled or settled. For a claim
+with device resources (GPUs) the pod also references the claim's ResourceClaim, so it runs
+on exactly the devices the claim holds; the placeholder that held them goes once the pod
+holds them. (With the chart's tenant policies, the API server refuses a pod labelled for a
+claim without the gate.)
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any
 from reservoir.core.devices import device_counts
 from reservoir.core.model import DEVICE_CLASSES
 from reservoir.k8s.devices import resource_claim_name
-from reservoir.k8s.resources import CLAIM_LABEL, HAND_OFF_GATE
+from reservoir.k8s.resources import CLAIM_LABEL, CLAIM_NAME_ANNOTATION, HAND_OFF_GATE
 from reservoir.sdk.views import ClaimView
 
 DEVICES = "reservoir-devices"  # the pod's name for the claim's ResourceClaim
@@ -34,7 +34,9 @@ def workload_pod(claim: ClaimView, pod: Mapping[str, Any]) -> dict[str, Any]:
     body.setdefault("kind", "Pod")
     meta = body.setdefault("metadata", {})
     meta.setdefault("namespace", claim.namespace)
-    meta.setdefault("labels", {})[CLAIM_LABEL] = claim.name
+    # The claim's UID (a name may be longer than a label value); its name for people.
+    meta.setdefault("labels", {})[CLAIM_LABEL] = claim.uid
+    meta.setdefault("annotations", {})[CLAIM_NAME_ANNOTATION] = claim.name
     spec = body.setdefault("spec", {})
     gates = spec.setdefault("schedulingGates", [])
     if not any(g.get("name") == HAND_OFF_GATE for g in gates):

@@ -293,7 +293,8 @@ class ReservationEnvelopeSpec(Model):
         ge=1,
         le=MAX_SECONDS,
         description="The envelope expires this long after creation: it admits no new "
-        "claims and releases its balance once every claim has settled.",
+        "claims and releases its balance once every claim has settled. Once it has expired "
+        "(status.phase Expired) it can only be lowered, never raised or removed.",
     )
     policy: EnvelopePolicy = Field(
         default_factory=EnvelopePolicy,
