@@ -64,7 +64,9 @@ class NamespaceShare(Model):
     guaranteed: ResourceMap = resource_map(
         "Amounts of the pool's resources kept for this namespace: while it holds less, no "
         "other namespace is admitted into what it does not use. Not lent out (so not "
-        "reclaimed by preempting anyone): a guarantee costs idle capacity, and is priced so."
+        "reclaimed by preempting anyone): a guarantee costs idle capacity while unused. "
+        "Guarantees adding up to more than the capacity are each kept scaled down in "
+        "proportion."
     )
     max_open_envelopes: int | None = Field(
         default=None,
