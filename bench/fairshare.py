@@ -82,7 +82,7 @@ def create_pool(client: Client, name: str, shape: Saturation) -> None:
     )
 
 
-def _envelope(namespace: str, name: str, size: int) -> Any:
+def envelope_object(namespace: str, name: str, size: int) -> Any:
     return from_dict(
         {
             "apiVersion": API_VERSION,
@@ -136,7 +136,7 @@ def run(client: Client, pool: str, shape: Saturation) -> Outcome:
             for _ in range(shape.waiting - waiting):
                 name = f"fs-{outcome.created[namespace]:05d}"
                 outcome.created[namespace] += 1
-                client.create(_envelope(namespace, name, shape.size))
+                client.create(envelope_object(namespace, name, shape.size))
         if now >= next_sample:
             status = client.get(ReservationPool, pool).to_dict().get("status") or {}
             shares = status.get("shares") or {}
