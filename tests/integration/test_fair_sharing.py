@@ -85,7 +85,7 @@ def test_why_shows_the_pools_queue_and_a_claims_place_from_what_is_recorded(
         assert f"namespace {b}: weight 1" in text
         assert "the pool's queue: 1 of 2 it can see" in text, text
         rows = [line.split() for line in text.splitlines() if line.startswith((a, b))]
-        assert [(row[0], row[2]) for row in rows] == [(b, "0"), (a, "1.0000")], text
+        assert [(row[0], row[2]) for row in rows] == [(b, "0.0000"), (a, "1.0000")], text
 
         # A claim waiting in a's admitted envelope: its place there, nothing about the pool.
         sdk_hold(cluster, a, "holder", "first")
