@@ -23,7 +23,7 @@ from reservoir.core.fairshare import (
     dominant_share,
     weighted_share,
 )
-from tests.unit.tree_sim import POOL, Run, World
+from tests.unit.tree_sim import LONG_LIVED, POOL, Run, World
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 GPU = "nvidia.com/gpu"
@@ -185,6 +185,46 @@ def test_caps_make_a_namespace_wait_without_blocking_the_others() -> None:
     assert sum(s.open for s in run.pool.shares.values()) == 6
     assert run.pool_result.pending[world.uid("c-2")].reason == "PoolEnvelopeLimit"
     assert run.pool.totals.available == {GPU: 2}
+
+
+def test_a_namespaces_tentative_claims_are_capped_across_its_envelopes() -> None:
+    """branch-claims.txt: "maximum tentative claims per tenant". The pool grants each
+    envelope part of its namespace's cap when it admits it (its own maxTentativeClaims,
+    else what is left); an envelope finding none left waits without blocking others, and
+    what a closed envelope was granted is granted again."""
+    world = World.with_pool(
+        {"tokens": 100},
+        namespaces=["a", "b"],
+        maxTentativeClaimsPerNamespace=3,
+    )
+    run = Run(world)
+    two = LONG_LIVED.model_copy(update={"max_tentative_claims": 2})
+    world.create_envelope("e1", {"tokens": 10}, namespace="a", policy=two)
+    world.tick()
+    world.create_envelope("e2", {"tokens": 10}, namespace="a")
+    world.tick()
+    world.create_envelope("e3", {"tokens": 10}, namespace="a")
+    world.create_envelope("other", {"tokens": 10}, namespace="b")
+    run.settle()
+    granted = {n: (run.of(n).parent.tentative_claims if run.of(n).parent else None) for n in
+               ("e1", "e2", "e3", "other")}  # fmt: skip
+    assert granted == {"e1": 2, "e2": 1, "e3": None, "other": 3}
+    assert run.pool_result is not None
+    assert run.pool_result.pending[world.uid("e3")].reason == "TentativeClaimLimit"
+    # e2 holds one tentative claim; a second waits; a claim dispatched at once is no hold.
+    world.create_claim("t1", "e2", {"tokens": 1})
+    world.tick()
+    world.create_claim("t2", "e2", {"tokens": 1})
+    world.create_claim("d1", "e2", {"tokens": 1}, dispatch=True)
+    run.settle()
+    assert run.of("e2").totals.reserved == {"tokens": 2}
+    pending = run.results[world.uid("e2")].pending
+    assert pending["t2"].reason == "MaxTentativeClaims"
+    # e1 closes: its grant of 2 goes to e3.
+    world.close("e1")
+    run.settle()
+    record = run.of("e3").parent
+    assert record is not None and record.tentative_claims == 2
 
 
 def test_a_guarantee_is_kept_and_not_blocked_by_a_large_head() -> None:

@@ -288,6 +288,7 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
         namespace=envelope.namespace,
         priority=envelope.spec.priority,
         priority_class=envelope.spec.priority_class_name,
+        max_tentative_claims=envelope.spec.policy.max_tentative_claims,
         accepting=envelope.open_at(now)
         and status.closed_at is None
         and not status.closed_by_parent,

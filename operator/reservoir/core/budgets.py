@@ -60,6 +60,7 @@ class ChildFacts:
     namespace: str = ""
     priority: int = 0
     priority_class: str | None = None  # the pool's class it names (a root envelope)
+    max_tentative_claims: int | None = None  # its own policy's cap on tentative claims
     accepting: bool = True  # not closed, expired or being deleted: it may still be admitted
     record: ParentRecord | None = None  # the child's own record of where it draws from
     balance_released: Mapping[str, Decimal] | None = None  # set once the child has closed
@@ -241,9 +242,11 @@ def admit_child(
     parent_depth: int,
     parent_accepting: bool,
     blocked_by: str | None,
+    tentative_claims: int | None = None,
 ) -> str | None:
     """Admit, withdraw or queue one waiting child. Returns the name blocking the queue;
-    `available` is the pass's running balance."""
+    `available` is the pass's running balance; `tentative_claims`: what a pool grants it of
+    its namespace's cap on tentative claims."""
     if not child.accepting or not parent_accepting:
         if ledger.has_room(new=False):
             why = "closed or deleted" if not child.accepting else "its parent admits no more"
@@ -297,6 +300,7 @@ def admit_child(
         phase=ChildPhase.RESERVED,
         reserved=wanted,
         reserved_at=ledger.now,
+        tentative_claims=tentative_claims,
     )
     ledger.children[child.uid] = entry
     ledger.in_flight.add(child.uid)
@@ -371,6 +375,7 @@ def draw_record(
                         "admitted_at": now,
                         "reserved": dict(line.reserved),
                         "stamp": line.stamp,
+                        "tentative_claims": line.tentative_claims,
                     }
                 )
             )

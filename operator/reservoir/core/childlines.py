@@ -68,6 +68,7 @@ def line_of(
         consumed={},
         released={},
         reserved_at=record.admitted_at,
+        tentative_claims=record.tentative_claims,
         settled_at=None,
         reason=None,
     )

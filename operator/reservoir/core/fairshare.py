@@ -57,6 +57,7 @@ class Share:
     weight: int = 1
     guaranteed: Mapping[str, Decimal] = field(default_factory=dict)
     max_open: int | None = None
+    max_tentative: int | None = None
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,8 @@ class SharingRules:
     classes: Mapping[str, ClassRule] = field(default_factory=dict)
     max_open_per_namespace: int | None = None
     max_open: int | None = None
+    max_tentative_per_namespace: int | None = None
+    max_tentative: int | None = None
 
     @classmethod
     def of(cls, spec: ReservationPoolSpec) -> SharingRules:
@@ -84,6 +87,7 @@ class SharingRules:
                     share.weight,
                     dict(share.guaranteed),
                     share.max_open_envelopes,
+                    share.max_tentative_claims,
                 )
                 for namespace, share in spec.shares.items()
             },
@@ -95,6 +99,8 @@ class SharingRules:
             },
             max_open_per_namespace=spec.max_open_envelopes_per_namespace,
             max_open=spec.max_open_envelopes,
+            max_tentative_per_namespace=spec.max_tentative_claims_per_namespace,
+            max_tentative=spec.max_tentative_claims,
         )
 
     def share(self, namespace: str) -> Share:
@@ -122,6 +128,10 @@ class SharingRules:
         own = self.share(namespace).max_open
         return own if own is not None else self.max_open_per_namespace
 
+    def tentative_cap(self, namespace: str) -> int | None:
+        own = self.share(namespace).max_tentative
+        return own if own is not None else self.max_tentative_per_namespace
+
 
 @dataclass(frozen=True)
 class Waiting:
@@ -133,6 +143,7 @@ class Waiting:
     created_at: datetime
     wanted: Mapping[str, Decimal]
     priority_class: str | None = None
+    max_tentative: int | None = None  # its own policy's cap on tentative claims
 
 
 def dominant_share(held: Mapping[str, Decimal], capacity: Mapping[str, Decimal]) -> Decimal:
@@ -201,6 +212,15 @@ def namespace_cap_reason(cap: int) -> Admission:
     )
 
 
+def tentative_limit_reason() -> Admission:
+    return Admission(
+        False,
+        "TentativeClaimLimit",
+        "its namespace's (or the pool's) cap on tentative claims is granted to envelopes "
+        "already open: admitted once one of them closes",
+    )
+
+
 def pool_cap_reason(cap: int) -> Admission:
     return Admission(False, "PoolEnvelopeLimit", f"the pool holds its most open envelopes ({cap})")
 
@@ -215,11 +235,14 @@ class FairQueue:
         held: Mapping[str, Mapping[str, Decimal]],
         open_counts: Mapping[str, int],
         waiting: Iterable[Waiting],
+        tentative: Mapping[str, int] | None = None,
     ) -> None:
+        """`tentative`: per namespace, the tentative claims granted to its open envelopes."""
         self.rules = rules
         self.guaranteed = rules.kept()
         self.held: dict[str, dict[str, Decimal]] = {ns: dict(h) for ns, h in held.items()}
         self.open: dict[str, int] = dict(open_counts)
+        self.tentative: dict[str, int] = dict(tentative or {})
         self.refused: dict[str, Admission] = {}  # uid -> why it waits, set aside
         self.order: list[Waiting] = []  # handed out so far, in order
         queues: dict[str, list[Waiting]] = {}
@@ -279,9 +302,26 @@ class FairQueue:
             self.refused[entry.uid] = reason
         queue.clear()
 
-    def admitted(self, entry: Waiting) -> None:
+    def admitted(self, entry: Waiting, tentative: int | None = None) -> None:
         self.held[entry.namespace] = add(self.held.get(entry.namespace, {}), entry.wanted)
         self.open[entry.namespace] = self.open.get(entry.namespace, 0) + 1
+        if tentative:
+            self.tentative[entry.namespace] = self.tentative.get(entry.namespace, 0) + tentative
+
+    def tentative_grant(self, entry: Waiting) -> int | None:
+        """What `entry` may be granted of the caps on tentative claims: its own cap, or all
+        that is left if it declares none; None when no cap applies. Zero for an envelope
+        that asks for some: it waits (`tentative_limit_reason`)."""
+        left: list[int] = []
+        cap = self.rules.tentative_cap(entry.namespace)
+        if cap is not None:
+            left.append(cap - self.tentative.get(entry.namespace, 0))
+        if self.rules.max_tentative is not None:
+            left.append(self.rules.max_tentative - sum(self.tentative.values()))
+        if not left:
+            return None
+        room = max(min(left), 0)
+        return room if entry.max_tentative is None else min(entry.max_tentative, room)
 
     def kept_for_others(self, namespace: str) -> dict[str, Decimal]:
         """The unused guarantees of every other namespace: what `namespace` may not take."""

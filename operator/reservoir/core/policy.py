@@ -106,6 +106,15 @@ def admission(
     return Admission(True, "Admitted")
 
 
+def within_grant(policy: EnvelopePolicy, granted: int | None) -> EnvelopePolicy:
+    """The envelope's policy under what its pool granted it of a cap on tentative claims
+    (`status.parent.tentativeClaims`): the lower of the two caps."""
+    own = policy.max_tentative_claims
+    if granted is None or (own is not None and own <= granted):
+        return policy
+    return policy.model_copy(update={"max_tentative_claims": granted})
+
+
 def queue_expired(created_at: datetime, now: datetime, policy: EnvelopePolicy) -> bool:
     return now >= created_at + timedelta(seconds=policy.max_queue_seconds)
 

@@ -43,6 +43,7 @@ from reservoir.core.fairshare import (
     Waiting,
     over_guaranteed,
     rendered_share,
+    tentative_limit_reason,
     weighted_share,
 )
 from reservoir.core.inflight import NEXT_MOVES
@@ -237,13 +238,18 @@ def admit_fairly(
                     child.created_at,
                     wanted,
                     child.priority_class,
+                    child.max_tentative_claims,
                 )
             )
-    held, open_counts = holdings(lines.values())
-    queue = FairQueue(SharingRules.of(pool.spec), held, open_counts, queued)
+    held, open_counts, tentative = holdings(lines.values())
+    queue = FairQueue(SharingRules.of(pool.spec), held, open_counts, queued, tentative)
     facts = {child.uid: child for child in waiting}
     blocked_by: str | None = None
     while (entry := queue.next()) is not None:
+        grant = queue.tentative_grant(entry)
+        if grant == 0 and entry.max_tentative != 0:
+            children.pending[entry.uid] = tentative_limit_reason()  # waits, blocks no one
+            continue
         own = queue.within_guarantee(entry)  # its own part: no one ahead could use it
         room = queue.room(entry, balance)
         blocked_by = (
@@ -255,12 +261,13 @@ def admit_fairly(
                 POOL_DEPTH,
                 True,
                 None if own else blocked_by,
+                grant,
             )
             or blocked_by
         )
         line = children.children.get(entry.uid)
         if line is not None and line.phase is ChildPhase.RESERVED:
-            queue.admitted(entry)
+            queue.admitted(entry, grant)
             balance.update(subtract(balance, line.reserved))
     children.pending.update(queue.refused)
     return [entry.uid for entry in queue.order]
@@ -268,15 +275,19 @@ def admit_fairly(
 
 def holdings(
     lines: Iterable[ChildEntry],
-) -> tuple[dict[str, dict[str, Decimal]], dict[str, int]]:
-    """What each namespace's open envelopes hold here, and how many there are."""
+) -> tuple[dict[str, dict[str, Decimal]], dict[str, int], dict[str, int]]:
+    """What each namespace's open envelopes hold here, how many there are, and the
+    tentative claims they were granted."""
     held: dict[str, dict[str, Decimal]] = {}
     open_counts: dict[str, int] = {}
+    tentative: dict[str, int] = {}
     for line in lines:
         if line.phase is ChildPhase.RESERVED:
-            held[line.namespace] = add(held.get(line.namespace, {}), line.reserved)
-            open_counts[line.namespace] = open_counts.get(line.namespace, 0) + 1
-    return held, open_counts
+            ns = line.namespace
+            held[ns] = add(held.get(ns, {}), line.reserved)
+            open_counts[ns] = open_counts.get(ns, 0) + 1
+            tentative[ns] = tentative.get(ns, 0) + (line.tentative_claims or 0)
+    return held, open_counts, tentative
 
 
 def namespace_usage(
@@ -287,7 +298,7 @@ def namespace_usage(
 ) -> dict[str, NamespaceUsage]:
     """Per namespace holding or waiting here: the pool's fair-share standing."""
     rules = SharingRules.of(pool.spec)
-    held, open_counts = holdings(lines.values())
+    held, open_counts, _ = holdings(lines.values())
     waiting: dict[str, int] = {}
     for envelope in envelopes:
         if envelope.uid in pending:

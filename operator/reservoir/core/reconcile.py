@@ -142,6 +142,7 @@ from reservoir.core.policy import (
     first_expiry,
     queue_expired,
     request_problem,
+    within_grant,
 )
 from reservoir.core.provider import (
     FIRST_LOOKUP_WAIT_SECONDS,
@@ -1277,7 +1278,9 @@ def _admit_one(
     Whether it may be admitted is decided before any would-be line is made for it: a queue
     of hundreds behind a shortage or a cap waits (or is refused) without one each, every
     pass; a refusal is recorded within the room it has (`_close_unadmitted`)."""
-    spec, policy = facts.spec, envelope.spec.policy
+    record = result.status.parent
+    granted = record.tentative_claims if record is not None else None
+    spec, policy = facts.spec, within_grant(envelope.spec.policy, granted)
     if _settled_or_told_before_its_turn(result, envelope, facts, now):
         return blocked_by
     entries = result.status.entries

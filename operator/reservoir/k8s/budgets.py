@@ -75,6 +75,7 @@ def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts:
         capacity=spec.capacity,
         priority=spec.priority,
         priority_class=spec.priority_class_name,
+        max_tentative_claims=spec.policy.max_tentative_claims,
         accepting=not (closed or spec.state.value == "Closed" or expired),
         contracts=spec.contracts,
         **common,

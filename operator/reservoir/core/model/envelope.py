@@ -365,6 +365,12 @@ class ParentRecord(Model):
         description="The stamp of the parent's line it recorded (its `status.children` copy "
         "is retired once this shows it).",
     )
+    tentative_claims: int | None = Field(
+        default=None,
+        ge=0,
+        description="The most claims it may hold before their commit point, as its pool "
+        "granted (its own policy.maxTentativeClaims may be lower).",
+    )
     settled: ChildEntry | None = Field(
         default=None, description="This envelope's settled line in its parent's ledger."
     )

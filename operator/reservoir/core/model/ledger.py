@@ -425,6 +425,12 @@ class ChildEntry(Model):
     consumed: ResourceMap = recorded_map("C: what the child committed, committed here too.")
     released: ResourceMap = recorded_map("R − C: the child's balance, returned here.")
     reserved_at: datetime | None = Field(default=None, description="When R was reserved.")
+    tentative_claims: int | None = Field(
+        default=None,
+        ge=0,
+        description="The most claims the child may hold before their commit point, granted "
+        "by its pool out of its namespace's cap (unset: no cap of the pool's).",
+    )
     settled_at: datetime | None = Field(default=None, description="When it settled here.")
     reason: str | None = Field(
         default=None,

@@ -41,6 +41,7 @@ NAMESPACE_NAME = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 MAX_PRIORITY_CLASSES = 16
 MAX_WEIGHT = 1000
 MAX_OPEN_ENVELOPES = 10_000
+MAX_TENTATIVE_CLAIMS = 1_000_000
 
 
 SHARES_LISTED: JsonDict = {
@@ -74,6 +75,13 @@ class NamespaceShare(Model):
         le=MAX_OPEN_ENVELOPES,
         description="At most this many of its envelopes hold lines here at once; others wait "
         "(overrides the pool's maxOpenEnvelopesPerNamespace).",
+    )
+    max_tentative_claims: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TENTATIVE_CLAIMS,
+        description="At most this many claims of its envelopes hold capacity before their "
+        "commit point at once (overrides the pool's maxTentativeClaimsPerNamespace).",
     )
 
 
@@ -161,6 +169,21 @@ class ReservationPoolSpec(Model):
         ge=1,
         le=MAX_OPEN_ENVELOPES,
         description="At most this many envelopes hold lines here at once, across namespaces.",
+    )
+    max_tentative_claims_per_namespace: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TENTATIVE_CLAIMS,
+        description="At most this many claims of one namespace's envelopes hold capacity "
+        "before their commit point at once. Each envelope admitted is granted part of it "
+        "(its own policy.maxTentativeClaims, else all that is left; `status.parent."
+        "tentativeClaims`) until it closes; an envelope finding none left waits.",
+    )
+    max_tentative_claims: int | None = Field(
+        default=None,
+        ge=0,
+        le=MAX_TENTATIVE_CLAIMS,
+        description="The same cap across all the pool's namespaces.",
     )
     priority_classes: dict[str, PriorityClass] = Field(
         default_factory=dict,
