@@ -21,7 +21,7 @@ from reservoir.core.fairshare import (
     SharingRules,
     Waiting,
     dominant_share,
-    weighted_share,
+    standing,
 )
 from tests.unit.tree_sim import LONG_LIVED, POOL, Run, World
 
@@ -330,8 +330,8 @@ def test_each_admission_goes_to_the_lowest_weighted_share(
     while (entry := queue.next()) is not None:
         share = {ns: counts[ns] / 20 / WEIGHTS[ns] for ns in WEIGHTS}
         assert share[entry.namespace] == min(share[ns] for ns in WEIGHTS if left[ns])
-        assert share[entry.namespace] == weighted_share(
-            {GPU: counts[entry.namespace]}, capacity, WEIGHTS[entry.namespace]
+        assert share[entry.namespace] == standing(
+            rules, entry.namespace, {GPU: counts[entry.namespace]}, 0, 0
         )
         queue.admitted(entry)
         counts[entry.namespace] += 1
@@ -392,3 +392,98 @@ def test_under_saturation_shares_converge_and_no_one_starves(seed: int, sizes: l
     for ns, weight in WEIGHTS.items():
         expected = Decimal(weight) / sum(WEIGHTS.values())
         assert abs(Decimal(samples[ns]) / total - expected) <= Decimal("0.1"), (ns, samples)
+
+
+# --- found by review: what must not hold the queue up, or tilt it -------------------------
+
+
+def test_an_envelope_that_can_never_fit_holds_no_one_up() -> None:
+    """Behind another namespace's guarantee (8 GPUs, 3 kept for b: a's 6 can never fit), or
+    past what is spent for good (50 of 100 tokens consumed: 60 never fit again), the head
+    of the queue waits, says why, and lets the others by."""
+    world = World.with_pool(
+        {GPU: 8}, namespaces=["a", "b", "c"], shares={"b": {"guaranteed": {GPU: 3}}}
+    )
+    run = Run(world)
+    world.create_envelope("a-large", {GPU: 6}, namespace="a")
+    world.tick()
+    for i in range(4):
+        world.create_envelope(f"c-{i}", {GPU: 1}, namespace="c")
+    run.settle()
+    assert run.pool_result is not None
+    assert run.pool_result.pending[world.uid("a-large")].reason == "LargerThanAttainable"
+    assert "more than the pool can ever have free" in (run.of("a-large").queue_reason or "")
+    assert run.pool.shares["c"].open == 4
+
+    world = World.with_pool({"tokens": 100}, namespaces=["a", "b"])
+    run = Run(world)
+    world.create_envelope("spender", {"tokens": 50}, namespace="b")
+    run.settle()
+    world.create_claim("spend", "spender", {"tokens": 50}, dispatch=True)
+    run.settle()
+    world.update_claim("spend", usage={"tokens": 50}, final=True, outcome="Succeeded")
+    world.close("spender")
+    run.settle()
+    world.create_envelope("b-1", {"tokens": 20}, namespace="b")
+    world.tick()
+    world.create_envelope("a-huge", {"tokens": 60}, namespace="a")  # a holds nothing: first
+    run.settle()
+    assert run.of("b-1").parent is not None
+    assert run.pool_result is not None
+    assert run.pool_result.pending[world.uid("a-huge")].reason == "LargerThanAttainable"
+
+
+def test_guarantees_of_consumable_resources_are_not_kept_and_said() -> None:
+    """A guarantee measured by what a namespace holds let it spend the pool dry past older
+    envelopes; measured by what is left it locked everyone out once spent: only a Reusable
+    resource's guarantee is kept."""
+    world = World.with_pool(
+        {"tokens": 100},
+        namespaces=["a", "b"],
+        shares={"a": {"guaranteed": {"tokens": 30}}, "b": {"guaranteed": {"tokens": 50}}},
+    )
+    run = Run(world)
+    world.create_envelope("b-big", {"tokens": 90}, namespace="b")
+    world.tick()
+    world.create_envelope("a-0", {"tokens": 30}, namespace="a")
+    run.settle()
+    fit = next(c for c in run.pool.conditions if c.type == "GuaranteesFit")
+    assert (fit.status, fit.reason) == ("False", "NotReusable")
+    assert "guarantees of tokens are not kept" in fit.message
+    # b's older envelope is admitted first; a's waits behind it, its "guarantee" no bypass.
+    assert run.of("b-big").parent is not None
+    assert run.of("a-0").parent is None
+
+
+def test_the_pools_cap_on_open_envelopes_counts_in_the_share() -> None:
+    """Envelopes that draw none of the pool's resources still take its open slots: a
+    namespace's standing counts them (else it kept share 0 and took every freed slot)."""
+    world = World.with_pool({GPU: 8}, namespaces=["a", "b"], maxOpenEnvelopes=4)
+    run = Run(world)
+    world.create_envelope("a-0", {"cost": 1}, namespace="a")
+    world.create_envelope("a-1", {"cost": 1}, namespace="a")
+    world.create_envelope("b-0", {GPU: 1}, namespace="b")
+    run.settle()
+    assert run.pool.shares["a"].share == "0.5000" and run.pool.shares["b"].share == "0.2500"
+    world.tick()
+    world.create_envelope("a-2", {"cost": 1}, namespace="a")  # older
+    world.tick()
+    world.create_envelope("b-1", {GPU: 1}, namespace="b")
+    run.settle()
+    assert run.of("b-1").parent is not None
+    assert run.pool_result is not None
+    assert run.pool_result.pending[world.uid("a-2")].reason == "PoolEnvelopeLimit"
+    assert "the pool holds its most open envelopes (4)" in (run.of("a-2").queue_reason or "")
+
+
+def test_a_line_lost_with_its_children_belongs_to_no_namespace_in_the_shares() -> None:
+    world = World.with_pool({GPU: 4}, namespaces=["a", "b"])
+    run = Run(world)
+    world.create_envelope("a-0", {GPU: 1}, namespace="a")
+    world.create_envelope("b-0", {GPU: 1}, namespace="b")
+    run.settle()
+    world.delete("a-0")
+    run.remove_finalizer_by_hand("a-0")
+    run.settle()
+    assert set(run.pool.shares) == {"b"}
+    assert run.pool.totals.reserved == {GPU: 2}  # what a-0 held stays held, as lost

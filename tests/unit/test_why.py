@@ -80,7 +80,7 @@ def test_the_pool_queue_is_replayed_in_fair_share_order() -> None:
     ]
     view = pool(SHARES, waiting)
     assert view.spec is not None
-    order = [f"{w.namespace}/{w.name}" for w in replay(view, SharingRules.of(view.spec))]
+    order = [f"{w.namespace}/{w.name}" for w in replay(view, SharingRules.of(view.spec)).order]
     # The class first; then b (share 0); then c and b tie at 0.25 and c's is older; a last
     # (0.5), whatever its age.
     assert order == ["a/a-urgent", "b/b-1", "c/c-1", "b/b-2", "a/a-1"]

@@ -298,8 +298,18 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
     )
 
 
-def refusal_message(spec: ReservationPoolSpec, envelope: Envelope) -> str | None:
-    refusal = pool_refusal(spec, envelope.namespace, envelope.spec.priority_class_name)
+def refusal_message(
+    spec: ReservationPoolSpec, envelope: Envelope, pool: ReservationPoolStatus
+) -> str | None:
+    refusal = pool_refusal(
+        spec,
+        envelope.namespace,
+        envelope.spec.priority_class_name,
+        pool.shares,
+        envelope.spec.policy.max_tentative_claims,
+        {k: v for k, v in envelope.spec.capacity.items() if k in spec.capacity},
+        pool.totals.committed,
+    )
     return None if refusal is None else refusal.message
 
 
@@ -496,7 +506,7 @@ class Run:
                 pool.spec.contracts,
                 pool_status.children.get(envelope.uid),
                 pool.deleting,
-                refusal=refusal_message(pool.spec, envelope),
+                refusal=refusal_message(pool.spec, envelope, pool_status),
             )
         named = [(e, s) for e, s in seen.values() if e.name == envelope.spec.parent]
         if not named:

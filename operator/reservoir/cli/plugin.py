@@ -894,7 +894,12 @@ def why(sdk: Reservoir, target: str) -> str:
     claim = sdk.get(target.removeprefix("branchclaim/").removeprefix("bc/"))
     if claim.status.phase is not ClaimPhase.PENDING:
         return explain_claim(claim, None, [], None)
-    tree = sdk.tree(claim.spec.envelope)
+    try:
+        tree = sdk.tree(claim.spec.envelope)
+    except ApiError as error:
+        if error.status.code != 404:
+            raise
+        return explain_claim(claim, None, [claim], None)  # its envelope does not exist
     waits = tree.envelope.status.parent is None and tree.envelope.parent is None
     return explain_claim(claim, tree.envelope, tree.claims, sdk.covering_pool() if waits else None)
 

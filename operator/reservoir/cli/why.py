@@ -85,8 +85,12 @@ def explain_envelope(envelope: EnvelopeView, pool: PoolView | None) -> str:
         for ns, u in sorted(shares.items(), key=lambda item: (item[1].share, item[0]))
     ]
     lines += ["fair share (lowest weighted dominant share goes first):", table(rows)]
-    order = replay(pool, rules)
+    queue = replay(pool, rules)
+    order = queue.order
     uids = [w.uid for w in order]
+    set_aside = queue.refused.get(envelope.uid)
+    if set_aside is not None:
+        lines.append(f"the pool sets it aside ({set_aside.reason}): {set_aside.message}")
     if envelope.uid in uids:
         ahead = order[: uids.index(envelope.uid)]
         lines.append(f"the pool's queue: {len(ahead) + 1} of {len(order)} it can see")
@@ -105,11 +109,14 @@ def explain_envelope(envelope: EnvelopeView, pool: PoolView | None) -> str:
     return "\n".join(lines)
 
 
-def replay(pool: PoolView, rules: SharingRules) -> list[Waiting]:
-    """The waiting envelopes the caller can see, in the order the pool's queue takes them
-    from what the pool recorded each namespace holds."""
+def replay(pool: PoolView, rules: SharingRules) -> FairQueue:
+    """The pool's queue over the waiting envelopes the caller can see, from what the pool
+    recorded each namespace holds, taken to the end: its `order`, and what it set aside
+    (`refused`: a class or a cap)."""
     held = {ns: dict(u.held) for ns, u in pool.status.shares.items()}
     open_counts = {ns: u.open for ns, u in pool.status.shares.items()}
+    tentative = {ns: u.tentative_claims for ns, u in pool.status.shares.items()}
+    drawing = set(pool.namespaces if pool.drawing is None else pool.drawing)
     waiting = [
         Waiting(
             e.uid,
@@ -120,9 +127,9 @@ def replay(pool: PoolView, rules: SharingRules) -> list[Waiting]:
             e.priority_class,
         )
         for e in pool.envelopes
-        if e.status.parent is None and e.parent is None and e.accepting
+        if e.status.parent is None and e.parent is None and e.accepting and e.namespace in drawing
     ]
-    queue = FairQueue(rules, held, open_counts, waiting)
+    queue = FairQueue(rules, held, open_counts, waiting, tentative)
     while (entry := queue.next()) is not None:
         queue.admitted(entry)  # as if each fits: the order, not the room
-    return queue.order
+    return queue

@@ -33,13 +33,20 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from decimal import Decimal
 
+from reservoir.core.contracts import of_type, resolve, reusable
 from reservoir.core.ledger import ZERO, add
-from reservoir.core.model import EnvelopeState, ReservationPoolSpec
+from reservoir.core.model import (
+    ContractType,
+    EnvelopeState,
+    NamespaceUsage,
+    ReservationPoolSpec,
+)
 from reservoir.core.policy import Admission
 
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 DEFAULT_CLASS_VALUE = 0
 SHARE_PLACES = Decimal("0.0001")
 POOL_CLOSED = Admission(
@@ -77,20 +84,30 @@ class SharingRules:
     max_open: int | None = None
     max_tentative_per_namespace: int | None = None
     max_tentative: int | None = None
+    # Guarantees named on resources that are not Reusable: not kept (see `of`).
+    unkept: frozenset[str] = frozenset()
 
     @classmethod
     def of(cls, spec: ReservationPoolSpec) -> SharingRules:
+        """A guarantee is kept only of a Reusable resource (GPUs, permits: what a namespace
+        holds comes back). Of a Consumable one (tokens, cost) what is spent is gone, so
+        keeping an amount free for a namespace would either let it drain the pool past
+        everyone (measured by what it holds) or lock the others out once it spent it
+        (measured by what is left): a tenant's budget of those is a pool of its own."""
+        kept = reusable(resolve(spec.capacity, spec.contracts))
+        named = {r for share in spec.shares.values() for r in share.guaranteed}
         return cls(
             capacity=dict(spec.capacity),
             shares={
                 namespace: Share(
                     share.weight,
-                    dict(share.guaranteed),
+                    {r: v for r, v in share.guaranteed.items() if r in kept},
                     share.max_open_envelopes,
                     share.max_tentative_claims,
                 )
                 for namespace, share in spec.shares.items()
             },
+            unkept=frozenset(named - kept),
             classes={
                 name: ClassRule(
                     rule.value, None if rule.namespaces is None else frozenset(rule.namespaces)
@@ -146,16 +163,28 @@ class Waiting:
     max_tentative: int | None = None  # its own policy's cap on tentative claims
 
 
+def standing(
+    rules: SharingRules,
+    namespace: str,
+    held: Mapping[str, Decimal],
+    open_count: int,
+    tentative: int,
+) -> Decimal:
+    """A namespace's weighted dominant share: the largest fraction it takes of anything the
+    pool limits (each resource, and the pool's caps on open envelopes and tentative claims,
+    which an envelope asking for none of the resources still uses up), over its weight."""
+    fractions = [dominant_share(held, rules.capacity)]
+    if rules.max_open:
+        fractions.append(Decimal(open_count) / rules.max_open)
+    if rules.max_tentative:
+        fractions.append(Decimal(tentative) / rules.max_tentative)
+    return max(fractions) / rules.share(namespace).weight
+
+
 def dominant_share(held: Mapping[str, Decimal], capacity: Mapping[str, Decimal]) -> Decimal:
     """The largest fraction of any one resource `held` takes of `capacity`."""
     fractions = [held.get(r, ZERO) / amount for r, amount in capacity.items() if amount > ZERO]
     return max(fractions, default=ZERO)
-
-
-def weighted_share(
-    held: Mapping[str, Decimal], capacity: Mapping[str, Decimal], weight: int
-) -> Decimal:
-    return dominant_share(held, capacity) / weight
 
 
 def class_refusal(rules: SharingRules, namespace: str, name: str | None) -> Admission | None:
@@ -182,13 +211,59 @@ def class_refusal(rules: SharingRules, namespace: str, name: str | None) -> Admi
 
 
 def pool_refusal(
-    spec: ReservationPoolSpec, namespace: str, priority_class: str | None
+    spec: ReservationPoolSpec,
+    namespace: str,
+    priority_class: str | None,
+    shares: Mapping[str, NamespaceUsage] | None = None,
+    max_tentative: int | None = None,
+    wanted: Mapping[str, Decimal] | None = None,
+    committed: Mapping[str, Decimal] | None = None,
 ) -> Admission | None:
-    """Why the pool admits none of this envelope now, whatever its room: it is Closed, or
-    the envelope names a class it may not use. What the envelope shows while it waits."""
+    """Why the pool admits none of this envelope now, whatever its room: it is Closed, the
+    envelope names a class it may not use, or (from what the pool recorded: each
+    namespace's `shares`, its `committed` total) a cap is reached or what it asks for
+    (`wanted`) can never be free for it. What the envelope shows while it waits."""
     if spec.state is EnvelopeState.CLOSED:
         return POOL_CLOSED
-    return class_refusal(SharingRules.of(spec), namespace, priority_class)
+    rules = SharingRules.of(spec)
+    refusal = class_refusal(rules, namespace, priority_class)
+    if refusal is not None:
+        return refusal
+    recorded = shares or {}
+    probe = Waiting("", namespace, "", EPOCH, wanted or {}, priority_class, max_tentative)
+    queue = FairQueue(
+        rules,
+        {},
+        {ns: usage.open for ns, usage in recorded.items()},
+        [probe],
+        {ns: usage.tentative_claims for ns, usage in recorded.items()},
+    )
+    if queue.next() is None:
+        return queue.refused.get("")
+    if queue.tentative_grant(probe) == 0 and max_tentative != 0:
+        return tentative_limit_reason()
+    within_capacity = all(v <= rules.capacity.get(r, ZERO) for r, v in probe.wanted.items())
+    if within_capacity and not queue.could_fit(probe, spent_for_good(spec, committed or {})):
+        return never_fits_reason()
+    return None
+
+
+def spent_for_good(
+    spec: ReservationPoolSpec, committed: Mapping[str, Decimal]
+) -> dict[str, Decimal]:
+    """What the pool committed of its Consumable resources: it never comes back."""
+    consumable = of_type(resolve(spec.capacity, spec.contracts), ContractType.CONSUMABLE)
+    return {r: amount for r, amount in committed.items() if r in consumable}
+
+
+def never_fits_reason() -> Admission:
+    return Admission(
+        False,
+        "LargerThanAttainable",
+        "it asks for more than the pool can ever have free for it (its capacity less what "
+        "is spent for good and the other namespaces' guarantees): it waits without holding "
+        "up the queue, until the pool grows",
+    )
 
 
 def over_guaranteed(rules: SharingRules) -> list[str]:
@@ -262,8 +337,26 @@ class FairQueue:
         return (-value, entry.created_at, entry.name, entry.uid)
 
     def share(self, namespace: str) -> Decimal:
-        weight = self.rules.share(namespace).weight
-        return weighted_share(self.held.get(namespace, {}), self.rules.capacity, weight)
+        return standing(
+            self.rules,
+            namespace,
+            self.held.get(namespace, {}),
+            self.open.get(namespace, 0),
+            self.tentative.get(namespace, 0),
+        )
+
+    def could_fit(self, entry: Waiting, spent: Mapping[str, Decimal]) -> bool:
+        """Whether `entry` fits once everything held comes back: the capacity less what is
+        spent for good (`spent`: Consumable amounts committed) and the other namespaces'
+        guarantees. One that never could must not hold the queue up behind it."""
+        others: dict[str, Decimal] = {}
+        for namespace, guaranteed in self.guaranteed.items():
+            if namespace != entry.namespace:
+                others = add(others, guaranteed)
+        return all(
+            amount <= self.rules.capacity.get(r, ZERO) - spent.get(r, ZERO) - others.get(r, ZERO)
+            for r, amount in entry.wanted.items()
+        )
 
     def next(self) -> Waiting | None:
         """The next envelope to consider, or None once every one has been handed out or

@@ -41,13 +41,15 @@ from reservoir.core.fairshare import (
     FairQueue,
     SharingRules,
     Waiting,
+    never_fits_reason,
     over_guaranteed,
     rendered_share,
+    spent_for_good,
+    standing,
     tentative_limit_reason,
-    weighted_share,
 )
 from reservoir.core.inflight import NEXT_MOVES
-from reservoir.core.ledger import add, compute_totals, nonzero, one_line, subtract
+from reservoir.core.ledger import ZERO, add, compute_totals, nonzero, one_line, subtract
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
@@ -133,7 +135,10 @@ def reconcile_pool(
     settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
     lines = view.lines
     balance = compute_totals(pool.spec.capacity, children.committed, (), lines.values()).available
-    order = admit_fairly(pool, children, waiting_children(envelopes, lines), lines, balance)
+    # What is spent for good (Consumable) never comes back to be admitted into.
+    spent = spent_for_good(pool.spec, children.committed)
+    waiting = waiting_children(envelopes, lines)
+    order = admit_fairly(pool, children, waiting, lines, balance, spent)
     ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
     ledger.totals = compute_totals(pool.spec.capacity, children.committed, (), lines.values())
     ledger.contracts = types(contracts)
@@ -197,17 +202,25 @@ def ready(pool: PoolFacts) -> Desired:
 
 
 def guarantees_fit(pool: PoolFacts) -> Desired:
-    """Guarantees beyond the capacity cannot all be kept: the namespaces first admitted get
-    theirs, the others wait. Said, since no schema rule can add the guarantees up."""
-    over = over_guaranteed(SharingRules.of(pool.spec))
+    """Guarantees that cannot be kept as written, said (no schema rule can add them up, nor
+    tell a resource's contract): beyond the capacity, or of a resource that is not
+    Reusable."""
+    rules = SharingRules.of(pool.spec)
+    problems = []
+    over = over_guaranteed(rules)
     if over:
-        return Desired(
-            "GuaranteesFit",
-            False,
-            "ExceedCapacity",
+        problems.append(
             f"the namespaces' guarantees add up to more than the capacity of {names(over)}: "
-            "each is kept scaled down in proportion",
+            "each is kept scaled down in proportion"
         )
+    if rules.unkept:
+        problems.append(
+            f"guarantees of {names(sorted(rules.unkept))} are not kept: only a Reusable "
+            "resource's can be (what is spent does not come back)"
+        )
+    if problems:
+        reason = "ExceedCapacity" if over else "NotReusable"
+        return Desired("GuaranteesFit", False, reason, "; ".join(problems))
     return Desired("GuaranteesFit", True, "Fit", "")
 
 
@@ -217,6 +230,7 @@ def admit_fairly(
     waiting: Sequence[ChildFacts],
     lines: Mapping[str, ChildEntry],
     balance: dict[str, Decimal],
+    spent: Mapping[str, Decimal],
 ) -> list[str]:
     """Admit what waits in fair-share order (reservoir.core.fairshare), withdraw what closed
     before it was admitted. Returns the UIDs considered, in order."""
@@ -249,6 +263,10 @@ def admit_fairly(
         grant = queue.tentative_grant(entry)
         if grant == 0 and entry.max_tentative != 0:
             children.pending[entry.uid] = tentative_limit_reason()  # waits, blocks no one
+            continue
+        within_capacity = all(v <= capacity.get(r, ZERO) for r, v in entry.wanted.items())
+        if within_capacity and not queue.could_fit(entry, spent):
+            children.pending[entry.uid] = never_fits_reason()  # waits, blocks no one
             continue
         own = queue.within_guarantee(entry)  # its own part: no one ahead could use it
         room = queue.room(entry, balance)
@@ -298,23 +316,30 @@ def namespace_usage(
 ) -> dict[str, NamespaceUsage]:
     """Per namespace holding or waiting here: the pool's fair-share standing."""
     rules = SharingRules.of(pool.spec)
-    held, open_counts, _ = holdings(lines.values())
+    held, open_counts, tentative = holdings(lines.values())
     waiting: dict[str, int] = {}
     for envelope in envelopes:
         if envelope.uid in pending:
             waiting[envelope.namespace] = waiting.get(envelope.namespace, 0) + 1
-    shown = sorted(set(held) | set(waiting))[:MAX_POOL_NAMESPACES]
+    # The pool's namespaces only: a lost line (children removed by hand) belongs to none.
+    listed = set(pool.spec.namespaces)
+    shown = sorted((set(held) | set(waiting)) & listed)[:MAX_POOL_NAMESPACES]
     return {
         namespace: NamespaceUsage(
             held=nonzero(held.get(namespace, {})),
             share=rendered_share(
-                weighted_share(
-                    held.get(namespace, {}), rules.capacity, rules.share(namespace).weight
+                standing(
+                    rules,
+                    namespace,
+                    held.get(namespace, {}),
+                    open_counts.get(namespace, 0),
+                    tentative.get(namespace, 0),
                 )
             ),
             weight=rules.share(namespace).weight,
             open=open_counts.get(namespace, 0),
             waiting=waiting.get(namespace, 0),
+            tentative_claims=tentative.get(namespace, 0),
         )
         for namespace in shown
     }

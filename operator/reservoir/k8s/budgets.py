@@ -18,7 +18,7 @@ from lightkube import ApiError, AsyncClient
 from pydantic import ValidationError
 
 from reservoir.core.borrowing import SiblingFacts
-from reservoir.core.budgets import ChildFacts, ParentView
+from reservoir.core.budgets import ChildFacts, ParentView, drawn_part
 from reservoir.core.fairshare import pool_refusal
 from reservoir.core.model import (
     MAX_DEPTH,
@@ -199,7 +199,17 @@ def pool_view(
         pool = body["metadata"]["name"]
         raise UnreadableEnvelopeError(f"its pool {pool} cannot be read: {error}") from None
     refusal = (
-        pool_refusal(spec, namespace, child.priority_class_name) if child is not None else None
+        pool_refusal(
+            spec,
+            namespace,
+            child.priority_class_name,
+            status.shares,
+            child.policy.max_tentative_claims,
+            drawn_part(ParentKind.POOL, child.capacity, spec.capacity),
+            status.totals.committed,
+        )
+        if child is not None
+        else None
     )
     return ParentView(
         ParentKind.POOL,

@@ -87,6 +87,7 @@ finalizer (`CLAIM_FINALIZER`), and an owner reference to its envelope (when it e
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 from collections.abc import Callable, Coroutine, Iterable, Mapping
@@ -352,7 +353,17 @@ class AsyncReservoir:
         (or pools cannot be listed)."""
         pools = await budgets.list_pools(self.client)
         chosen = budgets.chosen_pool(pools, namespace or self.namespace)
-        return None if chosen is None else await self.pool(chosen["metadata"]["name"])
+        if chosen is None:
+            return None
+        view = await self.pool(chosen["metadata"]["name"])
+        # A namespace two pools list draws from the older one: not this pool's queue.
+        drawing = tuple(
+            ns
+            for ns in view.namespaces
+            if (pool := budgets.chosen_pool(pools, ns)) is not None
+            and pool["metadata"]["uid"] == view.uid
+        )
+        return dataclasses.replace(view, drawing=drawing)
 
     async def claims(self, envelope: str) -> list[ClaimView]:
         """The envelope's claims (by `spec.envelope`), each with its ledger line: the one the

@@ -428,6 +428,9 @@ class PoolView(BudgetContracts):
     complete: bool = True
     spec: ReservationPoolSpec | None = None  # None: the spec cannot be read
     envelopes: tuple[EnvelopeView, ...] = ()  # those of its namespaces the caller could list
+    # The namespaces that draw from it (a namespace two pools list draws from the older);
+    # None: not worked out (every namespace it lists).
+    drawing: tuple[str, ...] | None = None
 
     def lines(self) -> dict[str, ChildEntry]:
         """Every line of the pool's ledger: in flight on the pool, else as its envelope

@@ -217,6 +217,11 @@ class NamespaceUsage(Model):
     weight: int = Field(default=1, ge=1, le=MAX_WEIGHT, description="Its weight.")
     open: int = Field(default=0, ge=0, description="Its envelopes holding lines here.")
     waiting: int = Field(default=0, ge=0, description="Its envelopes waiting here.")
+    tentative_claims: int = Field(
+        default=0,
+        ge=0,
+        description="The tentative claims granted to its open envelopes (when the pool caps them).",
+    )
 
 
 class ReservationPoolStatus(ContractBook):
