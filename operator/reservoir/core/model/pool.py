@@ -63,11 +63,13 @@ class NamespaceShare(Model):
         "pool in its dominant resource. Default 1.",
     )
     guaranteed: ResourceMap = resource_map(
-        "Amounts of the pool's resources kept for this namespace: while it holds less, no "
-        "other namespace is admitted into what it does not use. Not lent out (so not "
-        "reclaimed by preempting anyone): a guarantee costs idle capacity while unused. "
-        "Guarantees adding up to more than the capacity are each kept scaled down in "
-        "proportion."
+        "Amounts of the pool's Reusable resources (GPUs, permits) kept for this namespace: "
+        "while it holds less, no other namespace is admitted into what it does not use. Not "
+        "lent out (so not reclaimed by preempting anyone): a guarantee costs idle capacity "
+        "while unused. Guarantees adding up to more than the capacity are each kept scaled "
+        "down in proportion; one of a resource that is not Reusable is not kept (what is "
+        "spent does not come back: give that budget a pool of its own), and the pool's "
+        "GuaranteesFit condition says so."
     )
     max_open_envelopes: int | None = Field(
         default=None,
