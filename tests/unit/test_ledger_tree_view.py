@@ -25,6 +25,7 @@ from reservoir.core.model import (
     ContractType,
     EnvelopePhase,
     LedgerEntry,
+    NamespaceUsage,
     ParentKind,
     ParentRecord,
     ReservationEnvelopeStatus,
@@ -649,6 +650,24 @@ def test_a_pool_shows_its_contracts_and_peak() -> None:
     rows = words(show_pool(pool).split("\n"))
     assert rows["nvidia.com/gpu"][1:] == ["Reusable", "16", "0", "0", "0", "16", "12"]
     assert rows["tokens"][1:] == ["Consumable", "1000000", "0", "0", "0", "1000000", "-"]
+
+
+def test_a_pool_shows_each_namespaces_fair_share_first_in_line_first() -> None:
+    obj = pool_object()
+    status = ReservationPoolStatus.model_validate(obj["status"])
+    status.shares = {
+        "team-a": NamespaceUsage(held=q({"tokens": "500k"}), share="0.5000", open=2),
+        "team-b": NamespaceUsage(held=q({"tokens": "100k"}), share="0.0500", weight=2,
+                                 open=1, waiting=3),
+    }  # fmt: skip
+    obj["status"] = status.to_api()
+    lines = show_pool(PoolView.from_api(obj)).split("\n")
+    start = lines.index("fair share (lowest weighted dominant share goes first):")
+    assert [line.split() for line in lines[start + 1 :]] == [
+        ["NAMESPACE", "WEIGHT", "SHARE", "HELD", "OPEN", "WAITING"],
+        ["team-b", "2", "0.0500", "tokens=100000", "1", "3"],
+        ["team-a", "1", "0.5000", "tokens=500000", "2", "0"],
+    ]
 
 
 def test_an_empty_pool_says_so() -> None:

@@ -35,7 +35,7 @@ from fractions import Fraction
 from lightkube import ApiError
 
 from reservoir.cli.tables import table
-from reservoir.cli.why import explain_claim, explain_envelope
+from reservoir.cli.why import explain_claim, explain_envelope, shares_table
 from reservoir.core.childlines import LOST_CHILDREN_PREFIX
 from reservoir.core.inflight import newest
 from reservoir.core.ledger import ZERO, render, render_each
@@ -550,6 +550,9 @@ def show_pool(pool: PoolView) -> str:
         for entry in pool.lines().values()
     )
     lines.append(table(rows) if len(rows) > 1 else "(no envelopes in the pool's ledger)")
+    if status.shares:
+        lines += ["", "fair share (lowest weighted dominant share goes first):"]
+        lines.append(shares_table(status.shares))
     return "\n".join(lines)
 
 

@@ -6,14 +6,15 @@ own fair-share queue (reservoir.core.fairshare) over the holdings the pool recor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from reservoir.cli.tables import table
 from reservoir.core.budgets import drawn_part
 from reservoir.core.fairshare import FairQueue, SharingRules, Waiting, class_value
 from reservoir.core.ledger import render
-from reservoir.core.model import ClaimPhase, ParentKind
+from reservoir.core.model import ClaimPhase, NamespaceUsage, ParentKind
 from reservoir.sdk.views import ClaimView, EnvelopeView, PoolView
 
 AHEAD_SHOWN = 5
@@ -79,12 +80,7 @@ def explain_envelope(envelope: EnvelopeView, pool: PoolView | None) -> str:
         + (f", guaranteed {render(own.guaranteed)}" if own.guaranteed else "")
         + (f", at most {cap} open" if cap is not None else "")
     )
-    rows = [["NAMESPACE", "WEIGHT", "SHARE", "HELD", "OPEN", "WAITING"]]
-    rows += [
-        [ns, str(u.weight), u.share, render(u.held) or "-", str(u.open), str(u.waiting)]
-        for ns, u in sorted(shares.items(), key=lambda item: (item[1].share, item[0]))
-    ]
-    lines += ["fair share (lowest weighted dominant share goes first):", table(rows)]
+    lines += ["fair share (lowest weighted dominant share goes first):", shares_table(shares)]
     queue = replay(pool, rules)
     order = queue.order
     uids = [w.uid for w in order]
@@ -107,6 +103,16 @@ def explain_envelope(envelope: EnvelopeView, pool: PoolView | None) -> str:
             "counted in WAITING, not shown above)"
         )
     return "\n".join(lines)
+
+
+def shares_table(shares: Mapping[str, NamespaceUsage]) -> str:
+    """The pool's recorded standing of each namespace, the first in line first."""
+    rows = [["NAMESPACE", "WEIGHT", "SHARE", "HELD", "OPEN", "WAITING"]]
+    rows += [
+        [ns, str(u.weight), u.share, render(u.held) or "-", str(u.open), str(u.waiting)]
+        for ns, u in sorted(shares.items(), key=lambda item: (Decimal(item[1].share), item[0]))
+    ]
+    return table(rows)
 
 
 def replay(pool: PoolView, rules: SharingRules) -> FairQueue:
