@@ -596,10 +596,13 @@ class EnvelopeGauges(Collector):
                 for resource, amount in _bounded_resources(amounts):
                     labels = [*key, resource, held_phase, snap.contract(resource)]
                     add(held, labels, float(amount), shown)
-            group = (namespace, bounded_class(snap.workflow_class)) if shown else (OTHER, OTHER)
-            ages.setdefault(group, []).extend(
-                _seconds(c.reserved_at, now) for c in snap.open_claims
-            )
+            if snap.open_claims:
+                # Only an envelope with open claims takes a class's place (an idle one
+                # taking places at every scrape crowded other tenants' classes out: review).
+                group = (namespace, bounded_class(snap.workflow_class)) if shown else (OTHER, OTHER)
+                ages.setdefault(group, []).extend(
+                    _seconds(c.reserved_at, now) for c in snap.open_claims
+                )
             if not shown:
                 continue
             reserved_at = snap.oldest_reservation()
@@ -711,7 +714,12 @@ class PoolGauges(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             cutoff = time.monotonic() - self.stale_after
-            snapshots = {k: v for k, v in self._snapshots.items() if self._seen.get(k, 0) >= cutoff}
+            for pool in [k for k in self._snapshots if self._seen.get(k, 0) < cutoff]:
+                # Not written to for a while (gone, or another replica's now): its place goes.
+                self._snapshots.pop(pool, None)
+                self._seen.pop(pool, None)
+                self._shown.pop(pool, None)
+            snapshots = dict(self._snapshots)
             shown = set(self._shown)
         capacity = GaugeMetricFamily(
             "reservoir_pool_capacity",

@@ -522,3 +522,17 @@ def test_pool_gauges_show_totals_and_envelopes_by_namespace_and_go_with_the_pool
     gauges.forget("p")
     gauges.forget("q")
     assert all(not family.samples for family in gauges.collect())
+
+
+def test_a_pool_not_written_for_a_while_gives_its_place_back() -> None:
+    """Found by review: deleted pools kept their places among the MAX_POOLS shown, and
+    every pool made after a hundred had come and gone showed as _other."""
+    gauges = metrics.PoolGauges(max_pools=1)
+    totals = ResourceTotals(capacity={"gpu": Decimal(8)}, available={"gpu": Decimal(8)})
+    gauges.record("gone", metrics.PoolSnapshot.of(totals, {}))
+    gauges.stale_after = 0.0
+    list(gauges.collect())
+    gauges.stale_after = metrics.STALE_AFTER_SECONDS
+    gauges.record("new", metrics.PoolSnapshot.of(totals, {}))
+    pools = {s.labels["pool"] for f in gauges.collect() for s in f.samples}
+    assert pools == {"new"}

@@ -21,6 +21,7 @@ from reservoir.k8s.resources import (
     CLAIM_NAME_ANNOTATION,
     ENVELOPE_LABEL,
     ENVELOPE_NAME_ANNOTATION,
+    claim_of_label,
     envelope_label,
     labelled_envelope,
     labelled_for,
@@ -90,6 +91,24 @@ def test_labels_hold_a_claims_uid_and_annotations_its_name_whatever_its_length()
         assert labelled_for(value, "u-1", name)
     for value in ("", None, "u-2", name[:63]):
         assert not labelled_for(value, "u-1", name)
+
+
+UID_A = "0b6f4a62-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
+UID_B = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+
+
+def test_a_claim_named_like_another_claims_uid_never_takes_its_pods() -> None:
+    """Found by review: claim B named A's UID (a UID is a valid name) matched A's pods,
+    labelled with A's UID, by name: cancelling B deleted A's pod, and B's envelope handed
+    A's pod B's capacity. A value shaped like a UID names a claim by UID only."""
+    assert labelled_for(UID_A, UID_A, "a")
+    assert not labelled_for(UID_A, UID_B, UID_A)  # B, named A's UID
+    assert labelled_for("job-b", UID_B, "job-b")  # a plain name still works
+    # An envelope holding only B (named A's UID) finds no claim for A's pod ...
+    assert claim_of_label(UID_A, {UID_B}, {UID_A: UID_B}) is None
+    # ... and one holding A finds A, whatever another claim is named.
+    assert claim_of_label(UID_A, {UID_A, UID_B}, {"a": UID_A, UID_A: UID_B}) == UID_A
+    assert claim_of_label("a", {UID_A}, {"a": UID_A}) == UID_A
 
 
 def test_a_placeholder_pod_opts_out_of_mesh_sidecars() -> None:

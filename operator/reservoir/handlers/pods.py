@@ -8,7 +8,7 @@ from typing import Any
 import kopf
 
 from reservoir.k8s.devices import PLACEHOLDER_LABEL
-from reservoir.k8s.resources import CLAIM_LABEL
+from reservoir.k8s.resources import CLAIM_LABEL, is_uid
 from reservoir.services import Services
 
 WORKLOAD = {CLAIM_LABEL: kopf.PRESENT, PLACEHOLDER_LABEL: kopf.ABSENT}
@@ -23,8 +23,9 @@ async def workload_pod_changed(
     ledger to wake."""
     services: Services = memo.services
     value = str(labels[CLAIM_LABEL])
-    found = services.claims.key_of_uid(namespace or "", value) or services.claims.key_of(
-        namespace or "", value
-    )
+    # A value shaped like a UID names a claim by UID only (reservoir.k8s.resources.is_uid).
+    found = services.claims.key_of_uid(namespace or "", value)
+    if found is None and not is_uid(value):
+        found = services.claims.key_of(namespace or "", value)
     if namespace and found is not None and found[1]:
         services.writer.poke(*found)

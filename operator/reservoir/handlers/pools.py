@@ -8,6 +8,7 @@ from typing import Any
 
 import kopf
 
+from reservoir import metrics
 from reservoir.core.model import API_GROUP, API_VERSION
 from reservoir.handlers.envelopes import IDLE_WAKEUP_SECONDS, has_news
 from reservoir.k8s.clock import utcnow
@@ -62,6 +63,7 @@ async def settle_envelopes_before_removal(name: str, memo: kopf.Memo, **_: Any) 
     except LedgerStuckError as error:
         raise kopf.TemporaryError(f"the pool's ledger cannot move: {error}", delay=30) from None
     if result is None:
+        metrics.pools.forget(name)
         return
     # Every line, settled ones included: an envelope learns its fate from its own record,
     # so the pool goes only once each has mirrored its line (or is gone).
@@ -77,3 +79,6 @@ async def settle_envelopes_before_removal(name: str, memo: kopf.Memo, **_: Any) 
             f"{', '.join(lines[:5])}",
             delay=5,
         )
+    # It goes now: its gauges and their place go with it (else deleted pools kept their
+    # places and new ones showed as _other: review).
+    metrics.pools.forget(name)

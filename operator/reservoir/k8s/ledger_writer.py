@@ -97,6 +97,7 @@ from reservoir.k8s.resources import (
     WORKFLOW_CLASS_LABEL,
     BranchClaim,
     ReservationEnvelope,
+    claim_of_label,
     get_object,
 )
 from reservoir.k8s.transition_events import TransitionEvents, posts_event
@@ -1165,8 +1166,9 @@ class LedgerWriter:
     ) -> dict[str, list[Mapping[str, Any]]]:
         """Pods labelled for a claim (its UID, or its name), by claim UID, for claims whose
         commit point is a pod's binding or start, or that hand devices over. Listed only
-        when some claim may. A label value that is one claim's UID is that claim's, whatever
-        another claim is named."""
+        when some claim may. A label value shaped like a UID names a claim by UID only
+        (`claim_of_label`): a claim named like another's UID, in this envelope or another,
+        never takes that claim's pods."""
         if not has_devices and all(commit_point(c) == CommitPoint.DISPATCH for c in claims):
             return {}
         uids = {c["metadata"]["uid"] for c in claims}
@@ -1176,7 +1178,7 @@ class LedgerWriter:
         async for pod in self.client.list(Pod, namespace=namespace, labels=workloads):
             body = pod.to_dict()
             value = body["metadata"]["labels"][CLAIM_LABEL]
-            uid = value if value in uids else by_name.get(value)
+            uid = claim_of_label(value, uids, by_name)
             if uid is not None:
                 pods.setdefault(uid, []).append(body)
         return pods

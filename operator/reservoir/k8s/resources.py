@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import weakref
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -62,9 +63,29 @@ def labelled_envelope(
     return str(label)
 
 
+# A UID's shape (what the API server generates). A label value of this shape names a claim
+# by UID only: a claim may be named like another claim's UID (a UID is a valid object
+# name), and matching it by name too let such a claim take another's pod (found by review).
+UID_SHAPE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$")
+
+
+def is_uid(value: str) -> bool:
+    return bool(UID_SHAPE.match(value))
+
+
 def labelled_for(value: str | None, uid: str, name: str) -> bool:
-    """Whether a `reservoir.dev/claim` label value names the claim: its UID, or its name."""
-    return bool(value) and value in (uid, name)
+    """Whether a `reservoir.dev/claim` label value names the claim: its UID, or its name
+    when the value is not shaped like a UID."""
+    if not value:
+        return False
+    return value == uid or (not is_uid(value) and value == name)
+
+
+def claim_of_label(value: str, uids: Collection[str], by_name: Mapping[str, str]) -> str | None:
+    """The UID of the claim (among `uids`, named as `by_name` says) a label value names."""
+    if value in uids:
+        return value
+    return None if is_uid(value) else by_name.get(value)
 
 
 FORCE_SETTLE_ANNOTATION = f"{API_GROUP}/force-settle"
