@@ -526,7 +526,11 @@ def latency_panels(board: board_builder.Dashboard) -> board_builder.Dashboard:
     histograms = [
         ("Time to admit", "reservoir_claim_admission_wait_seconds", "Claim created → reserved."),
         ("Time to commit", "reservoir_claim_commit_wait_seconds", "Reserved → commit point."),
-        ("Hold time", "reservoir_claim_hold_seconds", "Capacity reserved → settled."),
+        (
+            "Hold time",
+            "reservoir_claim_hold_seconds",
+            "Capacity reserved → settled, branches that ran.",
+        ),
     ]
     board = board.with_row(board_builder.Row("Latency"))
     for title, metric, description in histograms:

@@ -155,7 +155,8 @@ commit_wait = BoundedHistogram(
 )
 hold = BoundedHistogram(
     "reservoir_claim_hold_seconds",
-    "From a claim's reservation to its settlement: how long the envelope held R for it.",
+    "From a claim's reservation to its settlement, for claims whose work ran (settled "
+    "Consumed): how long the envelope held R for such a branch.",
     CLASS,
     buckets=(1, 5, 10, 30, 60, 300, 900, 1800, 3600, 14400, 86400),
 )
@@ -869,7 +870,10 @@ def observe_written(
         settled = entry.settlement
         if settled is None or not _newly(old, entry, "settlement"):
             continue
-        hold.labels(*labels).observe(_seconds(reserved_at, settled.at))
+        if settled.phase is ClaimPhase.CONSUMED:
+            # Branches that ran: a class's quick cancels and expiries would pull its p99 down
+            # and make the age alert fire on every healthy long reservation (review).
+            hold.labels(*labels).observe(_seconds(reserved_at, settled.at))
         for resource, amount in entry.released.items():
             if amount > 0:
                 released.labels(*labels, resource, settled.reason).inc(float(amount))

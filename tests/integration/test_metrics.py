@@ -141,7 +141,7 @@ def test_a_scrape_after_the_worked_example_matches_the_ledger(
     assert value(found, "reservoir_claim_consumed_ratio_bucket", **ratio, le="0.6") == 2
     assert value(found, "reservoir_claim_admission_wait_seconds_count", **by_class) == 4
     assert value(found, "reservoir_claim_commit_wait_seconds_count", **by_class) == 3
-    assert value(found, "reservoir_claim_hold_seconds_count", **by_class) == 4
+    assert value(found, "reservoir_claim_hold_seconds_count", **by_class) == 3  # C: cancelled
     assert value(found, "reservoir_lease_expiries_total", **by_class) == 1
     assert value(found, "reservoir_claim_transitions_total", **by_class, reason="Cancelled") == 1
 

@@ -101,7 +101,9 @@ def test_a_moment_skipped_by_coalescing_is_still_observed_once() -> None:
     )
     metrics.observe_written("ns", klass, {}, {"u": settled}, {"u": T0})
     assert sample("reservoir_claim_admission_wait_seconds_count", klass) == 1
-    assert sample("reservoir_claim_hold_seconds_sum", klass) == 3
+    # Nor how long such a branch holds: a quick cancel is not a short run (review: cancels
+    # pulled a class's p99 down and its long reservations set the age alert off).
+    assert sample("reservoir_claim_hold_seconds_count", klass) == 0
     # Released claims never ran: they say nothing about how much a branch needs.
     assert sample("reservoir_claim_consumed_ratio_count", klass, resource="tokens") == 0
 
