@@ -617,6 +617,9 @@ def test_kill_9_during_a_nested_churn_settles_every_level_exactly_once(
                     60,
                     (ReservoirError,),
                 )
+        # The churn goes on until the operator has died several times: on a quick run all
+        # the branches had settled between two kills (CI, stop 46).
+        eventually("the operator killed several times", lambda: len(current) > 3, timeout=120)
         close(cluster, ns, child)
 
     chaos = threading.Thread(target=kill_and_restart, daemon=True)
