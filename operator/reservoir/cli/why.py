@@ -7,18 +7,17 @@ own fair-share queue (reservoir.core.fairshare) over the holdings the pool recor
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from datetime import UTC, datetime
+from datetime import datetime
 from decimal import Decimal
 
 from reservoir.cli.tables import table
 from reservoir.core.budgets import drawn_part
-from reservoir.core.fairshare import FairQueue, SharingRules, Waiting, class_value
+from reservoir.core.fairshare import EPOCH, FairQueue, SharingRules, Waiting, class_value
 from reservoir.core.ledger import render
 from reservoir.core.model import ClaimPhase, NamespaceUsage, ParentKind
 from reservoir.sdk.views import ClaimView, EnvelopeView, PoolView
 
 AHEAD_SHOWN = 5
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def explain_claim(

@@ -242,8 +242,7 @@ def pool_refusal(
         return queue.refused.get("")
     if queue.tentative_grant(probe) == 0 and max_tentative != 0:
         return tentative_limit_reason()
-    within_capacity = all(v <= rules.capacity.get(r, ZERO) for r, v in probe.wanted.items())
-    if within_capacity and not queue.could_fit(probe, spent_for_good(spec, committed or {})):
+    if queue.never_fits(probe, spent_for_good(spec, committed or {})):
         return never_fits_reason()
     return None
 
@@ -345,16 +344,20 @@ class FairQueue:
             self.tentative.get(namespace, 0),
         )
 
-    def could_fit(self, entry: Waiting, spent: Mapping[str, Decimal]) -> bool:
-        """Whether `entry` fits once everything held comes back: the capacity less what is
-        spent for good (`spent`: Consumable amounts committed) and the other namespaces'
-        guarantees. One that never could must not hold the queue up behind it."""
+    def never_fits(self, entry: Waiting, spent: Mapping[str, Decimal]) -> bool:
+        """Whether `entry`, within the pool's capacity, would not fit even once everything
+        held came back: the capacity less what is spent for good (`spent`: Consumable
+        amounts committed) and the other namespaces' guarantees. Such an envelope must not
+        hold the queue up behind it. (One beyond the capacity is refused for good instead.)"""
+        capacity = self.rules.capacity
+        if any(amount > capacity.get(r, ZERO) for r, amount in entry.wanted.items()):
+            return False
         others: dict[str, Decimal] = {}
         for namespace, guaranteed in self.guaranteed.items():
             if namespace != entry.namespace:
                 others = add(others, guaranteed)
-        return all(
-            amount <= self.rules.capacity.get(r, ZERO) - spent.get(r, ZERO) - others.get(r, ZERO)
+        return any(
+            amount > capacity.get(r, ZERO) - spent.get(r, ZERO) - others.get(r, ZERO)
             for r, amount in entry.wanted.items()
         )
 

@@ -49,7 +49,7 @@ from reservoir.core.fairshare import (
     tentative_limit_reason,
 )
 from reservoir.core.inflight import NEXT_MOVES
-from reservoir.core.ledger import ZERO, add, compute_totals, nonzero, one_line, subtract
+from reservoir.core.ledger import add, compute_totals, nonzero, one_line, subtract
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
@@ -264,8 +264,7 @@ def admit_fairly(
         if grant == 0 and entry.max_tentative != 0:
             children.pending[entry.uid] = tentative_limit_reason()  # waits, blocks no one
             continue
-        within_capacity = all(v <= capacity.get(r, ZERO) for r, v in entry.wanted.items())
-        if within_capacity and not queue.could_fit(entry, spent):
+        if queue.never_fits(entry, spent):
             children.pending[entry.uid] = never_fits_reason()  # waits, blocks no one
             continue
         own = queue.within_guarantee(entry)  # its own part: no one ahead could use it
