@@ -73,6 +73,7 @@ from reservoir.core.model import (
     ResourceTotals,
 )
 from reservoir.core.pool import POOL_DEPTH, PoolFacts, PoolReconciliation, reconcile_pool
+from reservoir.core.preemption import preemptible
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -295,6 +296,9 @@ def child_facts(envelope: Envelope, status: ReservationEnvelopeStatus, now: date
         record=status.parent,
         balance_released=dict(status.balance_released) if status.closed_at is not None else None,
         contracts=envelope.spec.contracts,
+        committed=status.totals.committed,
+        preemptible=preemptible(status),
+        preemption=status.preemption,
     )
 
 
@@ -507,6 +511,7 @@ class Run:
                 pool_status.children.get(envelope.uid),
                 pool.deleting,
                 refusal=refusal_message(pool.spec, envelope, pool_status),
+                preemption=pool_status.preemptions.get(envelope.uid),
             )
         named = [(e, s) for e, s in seen.values() if e.name == envelope.spec.parent]
         if not named:

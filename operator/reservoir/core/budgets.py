@@ -40,6 +40,8 @@ from reservoir.core.model import (
     Contract,
     ParentKind,
     ParentRecord,
+    Preemption,
+    PreemptionRequest,
 )
 from reservoir.core.policy import Admission, QueueKey
 from reservoir.core.text import names
@@ -66,6 +68,10 @@ class ChildFacts:
     balance_released: Mapping[str, Decimal] | None = None  # set once the child has closed
     contracts: Mapping[str, Contract] = field(default_factory=dict)  # as the child declares
     readable: bool = True  # its spec could be read (else it is never admitted meanwhile)
+    # For a pool's preemption (reservoir.core.preemption), from the child's own status:
+    committed: Mapping[str, Decimal] = field(default_factory=dict)  # what its claims used
+    preemptible: bool = False  # it shows nothing past a commit point
+    preemption: Preemption | None = None  # its decision on the last request
 
     @property
     def queue_key(self) -> QueueKey:
@@ -301,6 +307,9 @@ def admit_child(
         reserved=wanted,
         reserved_at=ledger.now,
         tentative_claims=tentative_claims,
+        # A pool ranks what it preempts by the class named at admission, not by one
+        # named since.
+        priority_class=child.priority_class if ledger.parent.kind is ParentKind.POOL else None,
     )
     ledger.children[child.uid] = entry
     ledger.in_flight.add(child.uid)
@@ -327,6 +336,8 @@ class ParentView:
     # Why the parent admits none of this child now, whatever its room (a Closed pool, a
     # priority class its namespace may not use): shown while it waits.
     refusal: str | None = None
+    # The pool's request that this envelope give its room to a higher class, if any.
+    preemption: PreemptionRequest | None = None
 
     @property
     def gone(self) -> bool:
@@ -376,6 +387,7 @@ def draw_record(
                         "reserved": dict(line.reserved),
                         "stamp": line.stamp,
                         "tentative_claims": line.tentative_claims,
+                        "priority_class": line.priority_class,
                     }
                 )
             )

@@ -69,6 +69,7 @@ def line_of(
         released={},
         reserved_at=record.admitted_at,
         tentative_claims=record.tentative_claims,
+        priority_class=record.priority_class,
         settled_at=None,
         reason=None,
     )

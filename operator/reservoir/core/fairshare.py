@@ -42,6 +42,7 @@ from reservoir.core.model import (
     ContractType,
     EnvelopeState,
     NamespaceUsage,
+    PreemptionPolicy,
     ReservationPoolSpec,
 )
 from reservoir.core.policy import Admission
@@ -71,6 +72,7 @@ class Share:
 class ClassRule:
     value: int
     namespaces: frozenset[str] | None = None  # None: every namespace of the pool
+    preemption: PreemptionPolicy = PreemptionPolicy.NEVER
 
 
 @dataclass(frozen=True)
@@ -110,7 +112,9 @@ class SharingRules:
             unkept=frozenset(named - kept),
             classes={
                 name: ClassRule(
-                    rule.value, None if rule.namespaces is None else frozenset(rule.namespaces)
+                    rule.value,
+                    None if rule.namespaces is None else frozenset(rule.namespaces),
+                    rule.preemption_policy,
                 )
                 for name, rule in spec.priority_classes.items()
             },

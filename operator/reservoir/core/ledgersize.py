@@ -28,13 +28,16 @@ from reservoir.core.model import (
     MAX_ERROR_LENGTH,
     MAX_LOANS,
     MAX_NAME_LENGTH,
+    MAX_PREEMPTIONS,
     MAX_RESULT_LENGTH,
     MAX_TRANSITIONS,
+    MESSAGE_LENGTH,
     SUMMARY_LENGTH,
     WINDOW_SLICES,
     LedgerEntry,
     ReservationEnvelopeStatus,
 )
+from reservoir.core.model.preemption import PREEMPTOR_LENGTH
 
 # The status JSON: the object stays well under etcd's limit, managedFields or not.
 LEDGER_BYTES_BUDGET = 640 * 1024
@@ -43,6 +46,10 @@ ENTRY_KEY_BYTES = 48  # the claim UID as the entry's key
 # Scalars an admitted entry can still gain: commit, start and detach times, a heartbeat,
 # a deadline action, the settlement record, late-report and overrun bookkeeping.
 GROWING_SCALARS_BYTES = 1024
+# Preemption (reservoir.core.preemption) at its largest: a pool's request (keyed by UID),
+# and an envelope's decision on one.
+PREEMPTION_REQUEST_BYTES = 48 + MAX_NAME_LENGTH + 63 + PREEMPTOR_LENGTH + 64 + 63 + 40 + 160
+PREEMPTION_RECORD_BYTES = PREEMPTOR_LENGTH + 64 + 63 + 16 + 40 + MESSAGE_LENGTH + 160
 # Recorded later for a device claim: the hand-off time and that the devices are free.
 DEVICES_RELEASED_BYTES = (
     len(',"released":true,"handedOffAt":"2026-01-01T00:00:00.000000Z","handedOffTo":""') + 64
@@ -157,13 +164,15 @@ def tree_bytes(dimensions: frozenset[str]) -> int:
     loans = 2 * MAX_LOANS * (48 + MAX_NAME_LENGTH + 4 * map_bytes(dimensions) + 300)
     parent = MAX_NAME_LENGTH + 64 + 2 * map_bytes(dimensions) + child_line_bytes(dimensions)
     wants = map_bytes(dimensions) + 128
-    return MAX_ENVELOPE_CHILDREN * child_line_bytes(dimensions) + loans + parent + wants
+    lines = MAX_ENVELOPE_CHILDREN * child_line_bytes(dimensions)
+    return lines + loans + parent + wants + PREEMPTION_RECORD_BYTES
 
 
 def pool_lines(dimensions: frozenset[str]) -> int:
     """How many lines a pool may have in flight: MAX_CHILDREN, fewer when its resources'
     names are so long that that many would not fit in the budget."""
-    room = LEDGER_BYTES_BUDGET - base_bytes(dimensions)
+    requests = MAX_PREEMPTIONS * PREEMPTION_REQUEST_BYTES
+    room = LEDGER_BYTES_BUDGET - base_bytes(dimensions) - requests
     return max(2, min(MAX_CHILDREN, room // child_line_bytes(dimensions)))
 
 

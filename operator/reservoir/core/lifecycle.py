@@ -134,24 +134,45 @@ class ClaimFacts:
     envelope_uid: str | None = None
     # Another copy of its speculation group won (its name): this one reads as cancelled.
     superseded_by: str | None = None
+    # Its envelope gave its room to this higher class's envelope (namespace/name), in this
+    # pass, on the claim's facts as read (reservoir.core.preemption): it reads as cancelled.
+    preempted_by: str | None = None
 
     @property
     def cancelling(self) -> bool:
-        return self.deleting or self.spec.cancel or self.superseded_by is not None
+        return (
+            self.deleting
+            or self.spec.cancel
+            or self.superseded_by is not None
+            or self.preempted_by is not None
+        )
 
     @property
     def cancel_trigger(self) -> Trigger:
         """Where the cancel it reads as came from."""
         if self.deleting:
             return Trigger.DELETION
-        return Trigger.WORKER if self.spec.cancel else Trigger.SPECULATION
+        if self.spec.cancel:
+            return Trigger.WORKER
+        return Trigger.SPECULATION if self.superseded_by is not None else Trigger.PREEMPTION
 
     @property
     def cancel_reason(self) -> str:
-        """Why it was pruned, in one word: Deleted, Cancelled or Superseded."""
+        """Why it was pruned, in one word: Deleted, Cancelled, Superseded or Preempted."""
         if self.deleting:
             return "Deleted"
-        return "Cancelled" if self.spec.cancel else "Superseded"
+        if self.spec.cancel:
+            return "Cancelled"
+        return "Superseded" if self.superseded_by is not None else "Preempted"
+
+    @property
+    def cancel_message(self) -> str:
+        if self.preempted_by is not None and not (self.deleting or self.spec.cancel):
+            return (
+                f"preempted before dispatch: its envelope gave its room to {self.preempted_by} "
+                "(a higher priority class): R returned"
+            )
+        return "pruned before dispatch: R returned"
 
 
 @dataclass(frozen=True)
@@ -684,7 +705,7 @@ def advance_tentative(step: Step) -> None:
             step,
             ClaimPhase.RELEASED,
             facts.cancel_reason,
-            message="pruned before dispatch: R returned",
+            message=facts.cancel_message,
             trigger=facts.cancel_trigger,
         )
 

@@ -49,7 +49,7 @@ from reservoir.core.fairshare import (
     tentative_limit_reason,
 )
 from reservoir.core.inflight import NEXT_MOVES
-from reservoir.core.ledger import add, compute_totals, nonzero, one_line, subtract
+from reservoir.core.ledger import add, compute_totals, nonzero, one_line, positive, subtract
 from reservoir.core.ledgersize import pool_lines
 from reservoir.core.lifecycle import LedgerEvent
 from reservoir.core.model import (
@@ -65,6 +65,7 @@ from reservoir.core.model import (
     ReservationPoolStatus,
 )
 from reservoir.core.policy import Admission
+from reservoir.core.preemption import Blocked, holders, requests
 from reservoir.core.text import bounded, names
 from reservoir.core.windows import expire_windows, next_return, record_windows
 
@@ -138,7 +139,20 @@ def reconcile_pool(
     # What is spent for good (Consumable) never comes back to be admitted into.
     spent = spent_for_good(pool.spec, children.committed)
     waiting = waiting_children(envelopes, lines)
-    order = admit_fairly(pool, children, waiting, lines, balance, spent)
+    order, head = admit_fairly(pool, children, waiting, lines, balance, spent)
+    rules = SharingRules.of(pool.spec)
+    # A pool that admits nothing (Closed, or going) asks no one to make room.
+    admitting = pool.spec.state is EnvelopeState.OPEN and not pool.deleting
+    ledger.preemptions, asked = requests(
+        rules,
+        status.preemptions if admitting else {},
+        head,
+        holders(rules, lines, {e.uid: e for e in envelopes}),
+        holdings(lines.values())[0],
+        children.pending,
+        now,
+    )
+    children.events += asked
     ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
     ledger.totals = compute_totals(pool.spec.capacity, children.committed, (), lines.values())
     ledger.contracts = types(contracts)
@@ -231,9 +245,10 @@ def admit_fairly(
     lines: Mapping[str, ChildEntry],
     balance: dict[str, Decimal],
     spent: Mapping[str, Decimal],
-) -> list[str]:
+) -> tuple[list[str], Blocked | None]:
     """Admit what waits in fair-share order (reservoir.core.fairshare), withdraw what closed
-    before it was admitted. Returns the UIDs considered, in order."""
+    before it was admitted. Returns the UIDs considered, in order, and the first that waits
+    for room (the head of the queue, which a class may preempt for)."""
     capacity = pool.spec.capacity
     queued: list[Waiting] = []
     for child in waiting:
@@ -259,6 +274,7 @@ def admit_fairly(
     queue = FairQueue(SharingRules.of(pool.spec), held, open_counts, queued, tentative)
     facts = {child.uid: child for child in waiting}
     blocked_by: str | None = None
+    head: Blocked | None = None
     while (entry := queue.next()) is not None:
         grant = queue.tentative_grant(entry)
         if grant == 0 and entry.max_tentative != 0:
@@ -286,8 +302,14 @@ def admit_fairly(
         if line is not None and line.phase is ChildPhase.RESERVED:
             queue.admitted(entry, grant)
             balance.update(subtract(balance, line.reserved))
+        elif head is None and short_of_room(children.pending.get(entry.uid)):
+            head = Blocked(entry, positive(subtract(entry.wanted, room)))
     children.pending.update(queue.refused)
-    return [entry.uid for entry in queue.order]
+    return [entry.uid for entry in queue.order], head
+
+
+def short_of_room(waits: Admission | None) -> bool:
+    return waits is not None and waits.reason == "InsufficientCapacity"
 
 
 def holdings(

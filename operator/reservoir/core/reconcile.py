@@ -128,6 +128,7 @@ from reservoir.core.model import (
     ParentKind,
     ParentRecord,
     PhysicalHold,
+    PreemptionOutcome,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
     ResourceTotals,
@@ -144,6 +145,7 @@ from reservoir.core.policy import (
     request_problem,
     within_grant,
 )
+from reservoir.core.preemption import preempted, verdict
 from reservoir.core.provider import (
     FIRST_LOOKUP_WAIT_SECONDS,
     OBJECT_LOOKUP_SECONDS,
@@ -338,6 +340,7 @@ def reconcile(
     envelope = _where_capacity_comes_from(result, envelope)
     facts_by_uid, view = _claims_in_view(result, envelope, status, claims, departed or {}, fresh)
     _supersede_the_losers(result, facts_by_uid, view, envelope.spec.policy)
+    envelope = _give_room_if_preempted(result, envelope, facts_by_uid, view)
     books = _Books.open(result, envelope, facts_by_uid, view)
     _advance_held(books)
     _late_facts_of_settled(books, quiet)
@@ -481,6 +484,9 @@ def _where_capacity_comes_from(result: Reconciliation, envelope: EnvelopeFacts) 
         # Closed (or expired) and its balance returned: whatever its spec says since (a
         # lifetime removed, say), it never admits again (found by review).
         envelope = replace(envelope, closed=True)
+    if preempted(ledger):
+        # It gave its room to a higher class: closed for good (reservoir.core.preemption).
+        envelope = replace(envelope, closed=True)
     if ledger.phase is EnvelopePhase.EXPIRED:
         # Expired, perhaps still closing: a lifetime raised or removed since never reopens
         # it (issue 25), even before its balance is returned.
@@ -585,6 +591,57 @@ def _supersede_the_losers(
             kept[group] = winner
     for uid, winner in superseded(decided, facts_by_uid, view.lines).items():
         facts_by_uid[uid] = replace(facts_by_uid[uid], superseded_by=winner)
+
+
+def _give_room_if_preempted(
+    result: Reconciliation,
+    envelope: EnvelopeFacts,
+    facts_by_uid: dict[str, ClaimFacts],
+    view: View,
+) -> EnvelopeFacts:
+    """Step 0, last: its pool's request that it give its room to a higher class, decided
+    once per request on its own lines and its claims' facts as read in this pass, before
+    any claim advances (reservoir.core.preemption). Preempted: its Tentative claims read as
+    cancelled (released once, reason Preempted) and it closes. Returns the envelope as the
+    rest of the pass reads it."""
+    ledger, parent = result.status, envelope.parent
+    request = parent.preemption if parent is not None else None
+    record = ledger.parent
+    if (
+        request is None
+        or parent is None
+        or record is None
+        or record.kind is not ParentKind.POOL
+        or record.uid != parent.uid
+        or record.settled is not None
+        or not result.admitted
+        or not envelope.accepting(result.now)
+        or (
+            ledger.preemption is not None
+            and ledger.preemption.preemptor_uid == request.preemptor_uid
+        )
+    ):
+        return envelope
+    others = []
+    if any(line.phase is ChildPhase.RESERVED for line in result.child_view.lines.values()):
+        others.append("child envelopes draw on it")
+    if any(loan.phase is LoanPhase.LENT for loan in ledger.loans.values()):
+        others.append("it lent to a sibling")
+    if result.lost is not None:
+        others.append("claims went without settling (a line is kept for them)")
+    decision, released = verdict(request, view.lines, facts_by_uid, others, result.now)
+    ledger.preemption = decision
+    if decision.outcome is PreemptionOutcome.REFUSED:
+        result.events.append(
+            LedgerEvent(envelope.uid, envelope.name, "PreemptionRefused", decision.message)
+        )
+        return envelope
+    result.events.append(
+        LedgerEvent(envelope.uid, envelope.name, "EnvelopePreempted", decision.message)
+    )
+    for uid in released:
+        facts_by_uid[uid] = replace(facts_by_uid[uid], preempted_by=request.preemptor)
+    return replace(envelope, closed=True)
 
 
 def _advance_held(books: _Books) -> None:

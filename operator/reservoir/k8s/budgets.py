@@ -29,6 +29,7 @@ from reservoir.core.model import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
+from reservoir.core.preemption import preemptible
 from reservoir.core.serving_classes import UnknownServingClassError
 from reservoir.k8s import serving
 from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, parse_time
@@ -64,6 +65,9 @@ def child_facts(envelope: Mapping[str, Any], now: datetime) -> ChildFacts:
         "created_at": created,
         "record": status.parent,
         "balance_released": status.balance_released if status.closed_at is not None else None,
+        "committed": status.totals.committed,
+        "preemptible": preemptible(status),
+        "preemption": status.preemption,
     }
     try:
         spec = serving.effective(ReservationEnvelopeSpec.model_validate(envelope.get("spec") or {}))
@@ -221,6 +225,7 @@ def pool_view(
         line=status.children.get(child_uid),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
         refusal=None if refusal is None else refusal.message,
+        preemption=status.preemptions.get(child_uid),
     )
 
 

@@ -1204,10 +1204,12 @@ class LedgerWriter:
         """Events and transition metrics for decisions that are durable: on the claim (or
         child envelope) they are about; a loan's on the envelope whose ledger moved."""
         metrics.count_events(namespace, klass, events)
+        envelope_uid = envelope["metadata"]["uid"]
         for event in events:
             if not posts_event(event, self.transition_events):
                 continue
-            target = envelope if event.reason in LOAN_EVENTS else claims.get(event.uid)
+            about_envelope = event.reason in LOAN_EVENTS or event.uid == envelope_uid
+            target = envelope if about_envelope else claims.get(event.uid)
             if target is not None:
                 self.record(
                     target, "Warning" if event.warning else "Normal", event.reason, event.message

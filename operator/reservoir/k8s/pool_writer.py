@@ -123,11 +123,13 @@ class PoolWriter:
                     return Conflict()
                 self.record(pool, "Warning", "WriteRefused", str(error.status.message)[:900])
                 raise LedgerStuckError(f"pool {name}: {error.status.message}") from None
-            # The envelopes with a line in flight copy it; being deleted, the pool closes
-            # them all. (The others have nothing to read here: a pool of thousands of
-            # envelopes wakes only those its write concerns.)
+            # The envelopes with a line in flight copy it, those asked to give their room
+            # decide; being deleted, the pool closes them all. (The others have nothing to
+            # read here: a pool of thousands of envelopes wakes only those its write
+            # concerns.)
             for uid, envelope in bodies.items():
-                if facts.deleting or uid in result.status.children:
+                asked = uid in result.status.preemptions  # to decide on a request
+                if facts.deleting or uid in result.status.children or asked:
                     meta = envelope["metadata"]
                     self.poke_envelope(meta["namespace"], meta["name"])
         metrics.pools.record(

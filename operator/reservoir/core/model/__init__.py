@@ -158,6 +158,13 @@ from reservoir.core.model.pool import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
+from reservoir.core.model.preemption import (
+    MAX_PREEMPTIONS,
+    Preemption,
+    PreemptionOutcome,
+    PreemptionPolicy,
+    PreemptionRequest,
+)
 from reservoir.core.model.upstream import (
     API_VERSION_PATTERN,
     DEFAULT_API_VERSIONS,
@@ -197,6 +204,7 @@ __all__ = [
     "MAX_LOANS",
     "MAX_NAME_LENGTH",
     "MAX_POOL_NAMESPACES",
+    "MAX_PREEMPTIONS",
     "MAX_RESOURCES",
     "MAX_RESULT_LENGTH",
     "MAX_SECONDS",
@@ -263,6 +271,10 @@ __all__ = [
     "PhysicalHold",
     "Placement",
     "PlacementStatus",
+    "Preemption",
+    "PreemptionOutcome",
+    "PreemptionPolicy",
+    "PreemptionRequest",
     "PriorityClass",
     "ProviderEndpoint",
     "ProviderRecord",

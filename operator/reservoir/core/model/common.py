@@ -310,6 +310,7 @@ class Trigger(StrEnum):
     PERSON = "Person"  # a force-settle annotation
     DELETION = "Deletion"  # the claim or its envelope was deleted
     SPECULATION = "Speculation"  # another copy of its speculation group won
+    PREEMPTION = "Preemption"  # its envelope gave its room to a higher class (a pool's)
 
 
 class ClaimPhase(StrEnum):

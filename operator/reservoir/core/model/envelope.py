@@ -56,6 +56,7 @@ from reservoir.core.model.ledger import (
     ResourceTotals,
 )
 from reservoir.core.model.lending import Borrowing, BorrowRequest, Lending, Loan
+from reservoir.core.model.preemption import Preemption
 
 SECRET_KEY = "^[-._a-zA-Z0-9]+$"
 
@@ -371,6 +372,12 @@ class ParentRecord(Model):
         description="The most claims it may hold before their commit point, as its pool "
         "granted (its own policy.maxTentativeClaims may be lower).",
     )
+    priority_class: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The pool's priority class it named when admitted: what preemption "
+        "ranks it by from then on.",
+    )
     settled: ChildEntry | None = Field(
         default=None, description="This envelope's settled line in its parent's ledger."
     )
@@ -446,6 +453,11 @@ class ReservationEnvelopeStatus(ContractBook):
         description="Its parent or pool is being deleted (or is gone): it closes and "
         "cancels its claims as if deleted itself, and its own children do the same. "
         "Recorded once; it never goes back.",
+    )
+    preemption: Preemption | None = Field(
+        default=None,
+        description="Its decision on its pool's last preemption request (a pool's class "
+        "with preemptionPolicy PreemptLowerPriority): Preempted (it closed) or Refused.",
     )
     loans: dict[str, Loan] = Field(
         default_factory=dict,

@@ -431,6 +431,12 @@ class ChildEntry(Model):
         description="The most claims the child may hold before their commit point, granted "
         "by its pool out of its namespace's cap (unset: no cap of the pool's).",
     )
+    priority_class: str | None = Field(
+        default=None,
+        max_length=63,
+        description="The pool's priority class the child named when admitted (a pool's "
+        "line): what preemption ranks it by.",
+    )
     settled_at: datetime | None = Field(default=None, description="When it settled here.")
     reason: str | None = Field(
         default=None,

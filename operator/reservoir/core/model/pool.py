@@ -36,6 +36,7 @@ from reservoir.core.model.ledger import (
     EnvelopeSummary,
     ResourceTotals,
 )
+from reservoir.core.model.preemption import MAX_PREEMPTIONS, PreemptionPolicy, PreemptionRequest
 
 NAMESPACE_NAME = "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"
 MAX_PRIORITY_CLASSES = 16
@@ -104,6 +105,16 @@ class PriorityClass(Model):
         "the pool. An envelope naming a class its namespace may not use waits, and says "
         "so.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
+    )
+    preemption_policy: PreemptionPolicy = Field(
+        default=PreemptionPolicy.NEVER,
+        description="PreemptLowerPriority: an envelope of this class waiting at the head of "
+        "the pool's queue for room takes it from admitted envelopes of lower classes that "
+        "hold nothing past a commit point (tentative holds only: never a claim committed, "
+        "running or settling): each such envelope releases its Tentative claims once, with "
+        "reason Preempted, and closes; a workflow may queue again with a new envelope. "
+        "Lowest class first, then the most recently admitted; only when they free enough, "
+        "and never below a namespace's guarantee. Never (the default): it waits.",
     )
 
 
@@ -257,6 +268,12 @@ class ReservationPoolStatus(ContractBook):
         description="Per namespace holding or waiting here: what it holds, its weighted "
         "dominant share, its open and waiting envelopes.",
         json_schema_extra={"maxProperties": MAX_POOL_NAMESPACES},
+    )
+    preemptions: dict[str, PreemptionRequest] = Field(
+        default_factory=dict,
+        description="Preemption requests not yet decided, keyed by the UID of the envelope "
+        "asked (it decides on its own records, and says so in its status.preemption).",
+        json_schema_extra={"maxProperties": MAX_PREEMPTIONS},
     )
     counts: dict[str, int] = Field(
         default_factory=dict,
