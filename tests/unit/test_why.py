@@ -119,3 +119,46 @@ def test_an_admitted_envelope_or_a_running_claim_is_not_waiting() -> None:
     assert explain_claim(running, None, [], None) == (
         "branchclaim/run is Committed: it is not waiting."
     )
+
+
+def test_why_says_whom_the_pool_asked_and_what_a_victim_decided() -> None:
+    request = {
+        "envelope": "a-1",
+        "namespace": "a",
+        "preemptor": "b/b-1",
+        "preemptorUid": "b-b-1",
+        "priorityClass": "interactive",
+        "requestedAt": "2026-12-05T10:01:00Z",
+    }
+    waiting = envelope("b", "b-1", "05", cls="interactive", queueReason="waiting for room")
+    view = PoolView.from_api(
+        {
+            "metadata": {"name": "gpus", "uid": "pool-uid"},
+            "spec": POOL_SPEC,
+            "status": {"shares": SHARES, "preemptions": {"a-a-1": request}},
+        }
+    ).with_envelopes([waiting], complete=True)
+    said = explain_envelope(waiting, view)
+    assert "the pool asked 1 envelopes of lower classes to give their room for it" in said
+    assert said.endswith("a/a-1")
+    other = envelope("c", "c-1", "02", queueReason="waiting for room")
+    assert "asked" not in explain_envelope(other, view)
+    victim = envelope(
+        "a",
+        "a-1",
+        "01",
+        parent={"kind": "ReservationPool", "name": "gpus", "uid": "pool-uid"},
+        preemption={
+            "outcome": "Refused",
+            "preemptor": "b/b-1",
+            "preemptorUid": "b-b-1",
+            "priorityClass": "interactive",
+            "decidedAt": "2026-12-05T10:01:01Z",
+            "message": "refused to give its room to b/b-1: claim train is past its commit point",
+        },
+    )
+    said = explain_envelope(victim, None)
+    assert said.splitlines()[1] == (
+        "preemption (Refused): refused to give its room to b/b-1: claim train is past its "
+        "commit point"
+    )

@@ -59,9 +59,13 @@ def claim_order(claim: ClaimView) -> tuple[int, datetime, str]:
 def explain_envelope(envelope: EnvelopeView, pool: PoolView | None) -> str:
     head = f"reservationenvelope/{envelope.name}"
     record = envelope.status.parent
+    decision = envelope.status.preemption
     if record is not None:
         where = f"{record.kind.value} {record.name}" if record.name else "no parent (a root)"
-        return f"{head} is admitted (draws from {where}): it is not waiting."
+        said = f"{head} is admitted (draws from {where}): it is not waiting."
+        if decision is not None:
+            said += f"\npreemption ({decision.outcome.value}): {decision.message}"
+        return said
     reason = envelope.status.queue_reason or "waiting for its parent to admit it"
     lines = [f"{head} is {envelope.status.phase.value}: {reason}"]
     if envelope.parent is not None or pool is None or pool.spec is None:
@@ -96,6 +100,16 @@ def explain_envelope(envelope: EnvelopeView, pool: PoolView | None) -> str:
         ]
         if len(ahead) > AHEAD_SHOWN:
             lines.append(f"  ... and {len(ahead) - AHEAD_SHOWN} more")
+    asked = sorted(
+        f"{r.namespace}/{r.envelope}"
+        for r in pool.status.preemptions.values()
+        if r.preemptor_uid == envelope.uid
+    )
+    if asked:
+        lines.append(
+            f"the pool asked {len(asked)} envelopes of lower classes to give their room for "
+            f"it (each decides on its own claims): {', '.join(asked[:AHEAD_SHOWN])}"
+        )
     if not pool.complete:
         lines.append(
             "(some of the pool's namespaces could not be listed: their envelopes are "
