@@ -13,8 +13,9 @@ bounded, whatever tenants create: each counter and histogram keeps at most
 `MAX_SERIES_PER_METRIC` label sets, and at most `MAX_SERIES_PER_NAMESPACE` of one
 namespace (past that, its new ones count with `_other` for its other tenant-chosen
 labels), and later ones count under `_other` for those labels;
-the per-envelope gauges show at most `MAX_ENVELOPES` envelopes (those seen first; one
-that goes frees its place) and `MAX_RESOURCES_PER_ENVELOPE` resources of each, the rest
+the per-envelope gauges show at most `MAX_ENVELOPES` envelopes, at most
+`MAX_ENVELOPES_PER_NAMESPACE` of one namespace (those seen first; one that goes frees its
+place), and `MAX_RESOURCES_PER_ENVELOPE` resources of each, the rest
 summed into `namespace="_other", envelope="_other"` and `resource="_other"` series
 (their per-envelope-only gauges, such as the deadline and health, are left out).
 
@@ -78,6 +79,7 @@ TENANT_LABELS = frozenset({"namespace", "envelope", "class", "resource"})
 MAX_SERIES_PER_METRIC = 1000
 MAX_SERIES_PER_NAMESPACE = 100
 MAX_ENVELOPES = 500
+MAX_ENVELOPES_PER_NAMESPACE = 100
 MAX_RESOURCES_PER_ENVELOPE = 16
 
 
@@ -409,14 +411,23 @@ class EnvelopeGauges(Collector):
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The envelopes shown by name, in the order first seen; the others are summed.
     _shown: dict[tuple[str, str], None] = field(default_factory=dict)
+    _places: dict[str, int] = field(default_factory=dict)  # shown, per namespace
     stale_after: float = STALE_AFTER_SECONDS
     max_envelopes: int = MAX_ENVELOPES
+    # One tenant's envelopes take at most this many of the places: 500 envelopes of one
+    # namespace hid every other tenant's (and their age alert could not fire: review).
+    max_per_namespace: int = MAX_ENVELOPES_PER_NAMESPACE
 
     def record(self, namespace: str, envelope: str, snapshot: EnvelopeSnapshot) -> None:
         with self._lock:
             key = (namespace, envelope)
-            if key not in self._shown and len(self._shown) < self.max_envelopes:
+            if (
+                key not in self._shown
+                and len(self._shown) < self.max_envelopes
+                and self._places.get(namespace, 0) < self.max_per_namespace
+            ):
                 self._shown[key] = None
+                self._places[namespace] = self._places.get(namespace, 0) + 1
             self._snapshots[(namespace, envelope)] = snapshot
             self._healthy[(namespace, envelope)] = True
             self._seen[(namespace, envelope)] = time.monotonic()
@@ -437,7 +448,9 @@ class EnvelopeGauges(Collector):
             self._snapshots.pop((namespace, envelope), None)
             self._healthy.pop((namespace, envelope), None)
             self._seen.pop((namespace, envelope), None)
-            self._shown.pop((namespace, envelope), None)
+            if (namespace, envelope) in self._shown:
+                del self._shown[(namespace, envelope)]
+                self._places[namespace] -= 1
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
@@ -857,8 +870,11 @@ def observe_written(
         if (
             cancelled_at is not None
             and dispatched_at is not None
-            and _newly(old, entry, "cancel_requested_at")
+            and (_newly(old, entry, "cancel_requested_at") or _newly(old, entry, "committed_at"))
         ):
+            # Once, by the write that records the second of the two (a cancel recorded while
+            # a pod could still start, then the commit, was never observed: review): a
+            # cancel before the commit point counts as 0 s after it.
             cancel_after_dispatch.labels(*labels).observe(_seconds(dispatched_at, cancelled_at))
         # Occupancy is recorded once per resource (at settlement, or when the devices are
         # confirmed free): counted by the write that first records it.
@@ -878,7 +894,10 @@ def observe_written(
             if amount > 0:
                 released.labels(*labels, resource, settled.reason).inc(float(amount))
         confirmed = _cancel_confirmed_at(entry)
-        if cancelled_at is not None and confirmed is not None:
+        after_commit = (
+            cancelled_at is not None and dispatched_at is not None and cancelled_at >= dispatched_at
+        )
+        if after_commit and cancelled_at is not None and confirmed is not None:
             cancel_confirmation.labels(*labels).observe(_seconds(cancelled_at, confirmed))
         if settled.phase is ClaimPhase.CONSUMED:
             for resource, reserved in entry.reserved.items():

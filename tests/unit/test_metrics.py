@@ -538,3 +538,45 @@ def test_a_pool_not_written_for_a_while_gives_its_place_back() -> None:
     gauges.record("new", metrics.PoolSnapshot.of(totals, {}))
     pools = {s.labels["pool"] for f in gauges.collect() for s in f.samples}
     assert pools == {"new"}
+
+
+def test_one_namespace_takes_at_most_its_share_of_the_envelope_places() -> None:
+    gauges = metrics.EnvelopeGauges(max_envelopes=4, max_per_namespace=2)
+    for n in range(5):
+        gauges.record("busy", f"e{n}", snapshot())
+    gauges.record("quiet", "q0", snapshot())
+    shown = {k[:2] for k in gauge_samples(gauges, "reservoir_envelope_info")}
+    assert shown == {("busy", "e0"), ("busy", "e1"), ("quiet", "q0")}
+    gauges.forget("busy", "e0")  # its place goes to the next of its namespace recorded
+    gauges.record("busy", "e4", snapshot())
+    shown = {k[:2] for k in gauge_samples(gauges, "reservoir_envelope_info")}
+    assert shown == {("busy", "e1"), ("busy", "e4"), ("quiet", "q0")}
+
+
+def test_a_cancel_recorded_before_the_commit_is_observed_once_when_the_commit_is() -> None:
+    """A cancel asked while a workload pod could still start is recorded on the Tentative
+    claim; the pod then runs (the commit). Observed once, at 0 s, by the commit's write;
+    its provider confirmation is not a confirmation of a cancel after dispatch."""
+    klass = "unit-cancel-first"
+    tentative = entry(
+        ClaimPhase.TENTATIVE, first_reserved_at=T0, cancel_requested_at=T0 + timedelta(seconds=2)
+    )
+    committed = tentative.model_copy(
+        update={"phase": ClaimPhase.COMMITTED, "committed_at": T0 + timedelta(seconds=5)}
+    )
+    settled = committed.model_copy(
+        update={
+            "phase": ClaimPhase.CONSUMED,
+            "provider": ProviderRecord(state=ProviderState.CANCELLED),
+            "work_ended_at": T0 + timedelta(seconds=8),
+            "settlement": Settlement(
+                key="k", phase=ClaimPhase.CONSUMED, reason="Cancelled", at=T0 + timedelta(seconds=9)
+            ),
+        }
+    )
+    history = [{}, {"u": tentative}, {"u": committed}, {"u": settled}]
+    for before, after in itertools.pairwise(history):
+        metrics.observe_written("ns", klass, before, after, {})
+    assert sample("reservoir_claim_cancel_after_dispatch_seconds_count", klass) == 1
+    assert sample("reservoir_claim_cancel_after_dispatch_seconds_sum", klass) == 0
+    assert sample("reservoir_claim_cancel_confirmation_seconds_count", klass) == 0
