@@ -139,8 +139,8 @@ def reconcile_pool(
     # What is spent for good (Consumable) never comes back to be admitted into.
     spent = spent_for_good(pool.spec, children.committed)
     waiting = waiting_children(envelopes, lines)
-    order, head = admit_fairly(pool, children, waiting, lines, balance, spent)
-    rules = SharingRules.of(pool.spec)
+    rules = SharingRules.of(pool.spec)  # once a pass: every step below reads it
+    order, head = admit_fairly(pool, rules, children, waiting, lines, balance, spent)
     # A pool that admits nothing (Closed, or going) asks no one to make room.
     admitting = pool.spec.state is EnvelopeState.OPEN and not pool.deleting
     ledger.preemptions, asked = requests(
@@ -163,7 +163,7 @@ def reconcile_pool(
     if children.pending:
         counts["Pending"] = len(children.pending)
     ledger.counts = dict(sorted(counts.items()))
-    ledger.shares = namespace_usage(pool, lines, envelopes, children.pending)
+    ledger.shares = namespace_usage(pool, rules, lines, envelopes, children.pending)
     ledger.summary = EnvelopeSummary(
         capacity=one_line(ledger.totals.capacity),
         available=one_line(ledger.totals.available),
@@ -180,7 +180,7 @@ def reconcile_pool(
         ledger.conditions,
         [
             ready(pool),
-            guarantees_fit(pool),
+            guarantees_fit(rules),
             Desired(
                 "AllEnvelopesCapped",
                 not uncapped,
@@ -215,11 +215,10 @@ def ready(pool: PoolFacts) -> Desired:
     return Desired("Ready", True, "AdmitsEnvelopes", "")
 
 
-def guarantees_fit(pool: PoolFacts) -> Desired:
+def guarantees_fit(rules: SharingRules) -> Desired:
     """Guarantees that cannot be kept as written, said (no schema rule can add them up, nor
     tell a resource's contract): beyond the capacity, or of a resource that is not
     Reusable."""
-    rules = SharingRules.of(pool.spec)
     problems = []
     over = over_guaranteed(rules)
     if over:
@@ -240,6 +239,7 @@ def guarantees_fit(pool: PoolFacts) -> Desired:
 
 def admit_fairly(
     pool: PoolFacts,
+    rules: SharingRules,
     children: ChildLedger,
     waiting: Sequence[ChildFacts],
     lines: Mapping[str, ChildEntry],
@@ -271,7 +271,7 @@ def admit_fairly(
                 )
             )
     held, open_counts, tentative = holdings(lines.values())
-    queue = FairQueue(SharingRules.of(pool.spec), held, open_counts, queued, tentative)
+    queue = FairQueue(rules, held, open_counts, queued, tentative)
     facts = {child.uid: child for child in waiting}
     blocked_by: str | None = None
     head: Blocked | None = None
@@ -331,12 +331,12 @@ def holdings(
 
 def namespace_usage(
     pool: PoolFacts,
+    rules: SharingRules,
     lines: Mapping[str, ChildEntry],
     envelopes: Sequence[ChildFacts],
     pending: Mapping[str, Admission],
 ) -> dict[str, NamespaceUsage]:
     """Per namespace holding or waiting here: the pool's fair-share standing."""
-    rules = SharingRules.of(pool.spec)
     held, open_counts, tentative = holdings(lines.values())
     waiting: dict[str, int] = {}
     for envelope in envelopes:

@@ -221,7 +221,7 @@ def victims(
     candidates.sort(key=lambda h: h.uid)
     candidates.sort(key=lambda h: h.admitted_at, reverse=True)
     candidates.sort(key=lambda h: h.value)
-    spare = {ns: guarantee_spare(rules, ns, held.get(ns, {})) for ns in rules.kept()}
+    spare = {ns: guarantee_spare(kept, held.get(ns, {})) for ns, kept in rules.kept().items()}
     chosen: list[tuple[Holder, dict[str, Decimal]]] = []
     for holder in candidates:
         if not positive(remaining):
@@ -239,11 +239,10 @@ def victims(
 
 
 def guarantee_spare(
-    rules: SharingRules, namespace: str, held: Mapping[str, Decimal]
+    guaranteed: Mapping[str, Decimal], held: Mapping[str, Decimal]
 ) -> dict[str, Decimal]:
-    """What a namespace holds beyond its guarantee, per guaranteed resource: preemption
-    never takes it below its guarantee."""
-    guaranteed = rules.kept().get(namespace, {})
+    """What a namespace holds beyond its guarantee (as kept), per guaranteed resource:
+    preemption never takes it below its guarantee."""
     return {r: max(held.get(r, ZERO) - amount, ZERO) for r, amount in guaranteed.items()}
 
 
