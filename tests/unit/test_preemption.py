@@ -11,22 +11,28 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from reservoir.core.budgets import ChildFacts
 from reservoir.core.fairshare import SharingRules, Waiting
 from reservoir.core.model import (
+    ChildEntry,
+    ChildPhase,
     ClaimPhase,
     EnvelopePhase,
     PreemptionOutcome,
     PreemptionPolicy,
+    PreemptionRequest,
     ReservationPoolSpec,
 )
-from reservoir.core.preemption import Blocked, Holder, victims
+from reservoir.core.preemption import Blocked, Holder, holders, still_asked, victims
 from tests.unit.tree_sim import POOL, Run, World
 
 GPU = "concurrency"  # Reusable by default; devices would need the scheduler
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
+URGENT: dict[str, Any] = {"value": 100, "preemptionPolicy": "PreemptLowerPriority"}
 CLASSES: dict[str, Any] = {
     "batch": {"value": 0},
     "agentic": {"value": 10},
@@ -34,8 +40,8 @@ CLASSES: dict[str, Any] = {
 }
 
 
-def pool_world(gpus: int = 4, **sharing: Any) -> World:
-    return World.with_pool({GPU: gpus}, namespaces=["a", "b"], priorityClasses=CLASSES, **sharing)
+def pool_world(gpus: int = 4, namespaces: tuple[str, ...] = ("a", "b"), **sharing: Any) -> World:
+    return World.with_pool({GPU: gpus}, namespaces=namespaces, priorityClasses=CLASSES, **sharing)
 
 
 def held_by_claims(world: World, run: Run) -> None:
@@ -250,11 +256,10 @@ def head(gpus: int) -> Blocked:
     return Blocked(entry, {GPU: Decimal(gpus)})
 
 
-RULES = SharingRules.of(
-    ReservationPoolSpec.model_validate(
-        {"capacity": {GPU: 16}, "namespaces": ["a", "b"], "priorityClasses": CLASSES}
-    )
+SPEC = ReservationPoolSpec.model_validate(
+    {"capacity": {GPU: 16}, "namespaces": ["a", "b"], "priorityClasses": CLASSES}
 )
+RULES = SharingRules.of(SPEC)
 
 
 def test_victims_are_the_lowest_class_then_the_newest_and_no_more_than_needed() -> None:
@@ -264,23 +269,24 @@ def test_victims_are_the_lowest_class_then_the_newest_and_no_more_than_needed() 
         holder("agentic", 10, 9, 4),
         holder("equal", 100, 9, 8),
     ]
-    assert [h.uid for h in victims(RULES, head(2), found, {}, set())] == ["new-batch"]
-    assert [h.uid for h in victims(RULES, head(4), found, {}, set())] == [
+    assert [h.uid for h in victims(RULES, head(2), found, {}, set(), T0)] == ["new-batch"]
+    assert [h.uid for h in victims(RULES, head(4), found, {}, set(), T0)] == [
         "new-batch",
         "old-batch",
     ]
     # 5 GPUs: both batch ones (4) fall short, the agentic one is needed; then a batch one
     # is dropped again if the rest cover it.
-    chosen = {h.uid for h in victims(RULES, head(5), found, {}, set())}
+    chosen = {h.uid for h in victims(RULES, head(5), found, {}, set(), T0)}
     assert "agentic" in chosen and "equal" not in chosen
     assert sum(h.returns[GPU] for h in found if h.uid in chosen) >= 5
-    assert victims(RULES, head(9), found, {}, set()) == []  # never an equal class
+    assert victims(RULES, head(9), found, {}, set(), T0) == []  # never an equal class
 
 
-def test_what_is_already_asked_for_counts_before_anyone_new() -> None:
+def test_those_asked_already_stay_chosen_before_others_of_the_same_standing() -> None:
     found = [holder("x", 0, 0, 2), holder("y", 0, 5, 2)]
-    assert victims(RULES, head(2), found, {}, {"x"}) == []
-    assert [h.uid for h in victims(RULES, head(4), found, {}, {"x"})] == ["y"]
+    assert [h.uid for h in victims(RULES, head(2), found, {}, set(), T0)] == ["y"]
+    assert [h.uid for h in victims(RULES, head(2), found, {}, {"x"}, T0)] == ["x"]
+    assert {h.uid for h in victims(RULES, head(4), found, {}, {"x"}, T0)} == {"x", "y"}
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -307,7 +313,7 @@ def test_victims_cover_the_need_or_are_none(
         )
         for i, (value, at, gpus, ok) in enumerate(holders_)
     ]
-    chosen = victims(RULES, head(need), found, {}, set())
+    chosen = victims(RULES, head(need), found, {}, set(), T0)
     assert all(h.preemptible and h.value < 100 for h in chosen)
     if chosen:
         assert sum(h.returns[GPU] for h in chosen) >= need
@@ -382,3 +388,194 @@ def test_any_history_settles_each_claim_once_and_preempts_only_tentative_holds(
 def test_the_class_policy_reaches_the_rules() -> None:
     assert RULES.classes["urgent"].preemption is PreemptionPolicy.PREEMPT_LOWER_PRIORITY
     assert RULES.classes["batch"].preemption is PreemptionPolicy.NEVER
+
+
+# --- review regressions (scripts in /work/review48/) ---------------------------------------
+
+
+def requested(run: Run) -> list[str]:
+    return sorted(r.envelope for r in run.pool.preemptions.values())
+
+
+def asked_for(world: World, run: Run, name: str, slots: int) -> None:
+    """`name` (class urgent, namespace b) arrives; the pool's pass asks for room."""
+    world.create_envelope(name, {GPU: slots}, namespace="b", priority_class="urgent")
+    run.reconcile(world.uid(name))
+    run.reconcile(POOL)
+
+
+def test_requests_are_worked_out_again_for_what_the_preemptor_still_lacks() -> None:
+    """b-urgent asks for 8, all four batch envelopes are asked; its tenant lowers it to 2
+    before they decide: the pool's next pass keeps only the one it still needs."""
+    world = pool_world(gpus=8)
+    run = Run(world)
+    for i in range(4):
+        world.create_envelope(f"a-{i}", {GPU: 2}, namespace="a", priority_class="batch")
+        run.settle()
+        world.tick()
+    asked_for(world, run, "b-urgent", 8)
+    assert requested(run) == ["a-0", "a-1", "a-2", "a-3"]
+    env = world.envelope("b-urgent")  # a root's capacity may change (the API allows it)
+    spec = env.spec.model_copy(update={"capacity": {GPU: Decimal(2)}})
+    world.envelopes[env.uid] = type(env)(**{**env.__dict__, "spec": spec})
+    world.changes += 1
+    run.reconcile(world.uid("b-urgent"))
+    run.reconcile(POOL)
+    assert len(requested(run)) == 1
+    run.settle()
+    preempted = [n for n in ("a-0", "a-1", "a-2", "a-3") if run.of(n).preemption is not None]
+    assert len(preempted) == 1
+    assert run.pool.totals.available.get(GPU, Decimal(0)) == 0
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"state": "Closed"},
+        {"priorityClasses": {**CLASSES, "urgent": {"value": 100}}},  # policy back to Never
+        {
+            "priorityClasses": {
+                **CLASSES,
+                "urgent": {"value": 0, "preemptionPolicy": "PreemptLowerPriority"},
+            }
+        },
+        {
+            "priorityClasses": {
+                **CLASSES,
+                "urgent": {
+                    "value": 100,
+                    "namespaces": ["a"],
+                    "preemptionPolicy": "PreemptLowerPriority",
+                },
+            }
+        },
+    ],
+    ids=["pool-closed", "policy-never", "value-lowered", "namespace-not-allowed"],
+)
+def test_an_envelope_asked_reads_the_request_against_the_pools_rules_as_they_are_now(
+    edit: dict[str, Any],
+) -> None:
+    """The administrator edits the pool after the request; the envelope asked, poked by the
+    pool's write, decides before the pool's next pass: it gives nothing away."""
+    world = pool_world()
+    run = Run(world)
+    world.create_envelope("a-idle", {GPU: 4}, namespace="a", priority_class="batch")
+    run.settle()
+    world.create_claim("t1", "a-idle", {GPU: 1})
+    run.settle()
+    asked_for(world, run, "b-urgent", 2)
+    assert requested(run) == ["a-idle"]
+    world.update_pool(**edit)
+    run.reconcile(world.uid("a-idle"))
+    assert run.of("a-idle").preemption is None
+    run.settle()
+    assert phase(run, "t1") is ClaimPhase.TENTATIVE
+    assert run.of("a-idle").preemption is None
+    assert run.pool.preemptions == {}
+
+
+def test_never_below_a_guarantee_counting_what_a_victim_returns_whole() -> None:
+    """a is guaranteed 4 and holds 5 (2 + 3): preempting either would take it below 4 (an
+    envelope returns all it holds, not the part above the guarantee)."""
+    world = pool_world(gpus=8, namespaces=("a", "b", "c"), shares={"a": {"guaranteed": {GPU: 4}}})
+    run = Run(world)
+    world.create_envelope("a-0", {GPU: 2}, namespace="a", priority_class="batch")
+    world.create_envelope("a-1", {GPU: 3}, namespace="a", priority_class="batch")
+    world.create_envelope("c-0", {GPU: 3}, namespace="c", priority_class="batch")
+    run.settle()
+    asked_for(world, run, "b-urgent", 4)
+    assert requested(run) == []
+    run.settle()
+    assert run.pool.shares["a"].held[GPU] == 5
+
+
+def test_an_envelope_that_stops_accepting_is_not_waited_for() -> None:
+    """Asked, its tenant closes it instead (it keeps its Tentative claim until it settles):
+    the pool drops the request and asks another."""
+    world = pool_world(gpus=4)
+    run = Run(world)
+    world.create_envelope("a-old", {GPU: 2}, namespace="a", priority_class="batch")
+    run.settle()
+    world.tick()
+    world.create_envelope("a-idle", {GPU: 2}, namespace="a", priority_class="batch")
+    run.settle()
+    world.create_claim("t1", "a-idle", {GPU: 1})
+    run.settle()
+    asked_for(world, run, "b-urgent", 2)
+    assert requested(run) == ["a-idle"]
+    world.close("a-idle")
+    run.settle()
+    assert run.of("a-idle").preemption is None
+    assert run.of("a-old").preemption is not None
+    assert run.of("b-urgent").phase is EnvelopePhase.OPEN
+
+
+def test_a_line_without_a_recorded_class_is_never_preempted() -> None:
+    """Lines admitted before classes were recorded on them: their class is not known, so
+    the pool never picks them, and such an envelope reads no request."""
+    line = ChildEntry(
+        envelope="old",
+        namespace="a",
+        phase=ChildPhase.RESERVED,
+        reserved={GPU: Decimal(4)},
+        reserved_at=T0,
+    )
+    facts = ChildFacts(
+        uid="old", name="old", created_at=T0, capacity={GPU: Decimal(4)}, preemptible=True
+    )
+    (found,) = holders(RULES, {"old": line}, {"old": facts})
+    assert found.value is None
+    assert victims(RULES, head(2), [found], {}, set(), T0) == []
+    named_none = line.model_copy(update={"priority_class": ""})
+    (found,) = holders(RULES, {"old": named_none}, {"old": facts})
+    assert found.value == 0
+    assert [h.uid for h in victims(RULES, head(2), [found], {}, set(), T0)] == ["old"]
+    request = PreemptionRequest(
+        envelope="old",
+        namespace="a",
+        preemptor="b/u",
+        preemptor_uid="u",
+        priority_class="urgent",
+        requested_at=T0,
+    )
+    assert still_asked(SPEC, request, None) is None
+    assert still_asked(SPEC, request, "") == request
+    assert still_asked(SPEC, request, "urgent") is None  # not above its own class
+
+
+def test_an_envelope_that_refused_is_asked_again_later_not_at_once() -> None:
+    world = pool_world(gpus=4)
+    run = Run(world)
+    world.create_envelope("a-idle", {GPU: 4}, namespace="a", priority_class="batch")
+    run.settle()
+    world.create_claim("t1", "a-idle", {GPU: 1})
+    run.settle()
+    asked_for(world, run, "b-urgent", 4)
+    world.update_claim("t1", dispatch=True)
+    run.settle()
+    decision = run.of("a-idle").preemption
+    assert decision is not None and decision.outcome is PreemptionOutcome.REFUSED
+    world.update_claim("t1", usage={GPU: 1}, final=True, outcome="Succeeded")
+    run.settle()
+    assert phase(run, "t1") is ClaimPhase.CONSUMED
+    assert run.pool.preemptions == {}  # not at once
+    world.tick(31)
+    run.settle()
+    decision = run.of("a-idle").preemption
+    assert decision is not None and decision.outcome is PreemptionOutcome.PREEMPTED
+    assert run.of("b-urgent").phase is EnvelopePhase.OPEN
+    assert run.pool_result is not None and run.pool_result.wake_at is None
+
+
+def test_more_victims_than_a_pool_records_at_once_are_asked_in_turn() -> None:
+    world = pool_world(gpus=20)
+    run = Run(world)
+    for i in range(20):
+        world.create_envelope(f"a-{i:02d}", {GPU: 1}, namespace="a", priority_class="batch")
+    run.settle()
+    asked_for(world, run, "b-urgent", 18)
+    assert len(run.pool.preemptions) == 16
+    run.settle()
+    preempted = [i for i in range(20) if run.of(f"a-{i:02d}").preemption is not None]
+    assert len(preempted) == 18
+    assert run.of("b-urgent").phase is EnvelopePhase.OPEN

@@ -73,7 +73,7 @@ from reservoir.core.model import (
     ResourceTotals,
 )
 from reservoir.core.pool import POOL_DEPTH, PoolFacts, PoolReconciliation, reconcile_pool
-from reservoir.core.preemption import preemptible
+from reservoir.core.preemption import preemptible, still_asked
 from reservoir.core.reconcile import EnvelopeFacts, Reconciliation, reconcile
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -501,6 +501,7 @@ class Run:
             pool = self.world.pool
             if pool is None:
                 return None
+            own = self.status(envelope.uid)
             return ParentView(
                 ParentKind.POOL,
                 pool.name,
@@ -511,7 +512,11 @@ class Run:
                 pool_status.children.get(envelope.uid),
                 pool.deleting,
                 refusal=refusal_message(pool.spec, envelope, pool_status),
-                preemption=pool_status.preemptions.get(envelope.uid),
+                preemption=still_asked(
+                    pool.spec,
+                    pool_status.preemptions.get(envelope.uid),
+                    own.parent.priority_class if own.parent is not None else None,
+                ),
             )
         named = [(e, s) for e, s in seen.values() if e.name == envelope.spec.parent]
         if not named:

@@ -308,8 +308,10 @@ def admit_child(
         reserved_at=ledger.now,
         tentative_claims=tentative_claims,
         # A pool ranks what it preempts by the class named at admission, not by one
-        # named since.
-        priority_class=child.priority_class if ledger.parent.kind is ParentKind.POOL else None,
+        # named since ("": none, value 0; unset: admitted before classes were recorded).
+        priority_class=(child.priority_class or "")
+        if ledger.parent.kind is ParentKind.POOL
+        else None,
     )
     ledger.children[child.uid] = entry
     ledger.in_flight.add(child.uid)

@@ -141,18 +141,18 @@ def reconcile_pool(
     waiting = waiting_children(envelopes, lines)
     rules = SharingRules.of(pool.spec)  # once a pass: every step below reads it
     order, head = admit_fairly(pool, rules, children, waiting, lines, balance, spent)
-    # A pool that admits nothing (Closed, or going) asks no one to make room.
-    admitting = pool.spec.state is EnvelopeState.OPEN and not pool.deleting
-    ledger.preemptions, asked = requests(
+    # Worked out again at every pass: a pool that admits nothing (Closed, or going) has no
+    # head, and asks no one.
+    asked = requests(
         rules,
-        status.preemptions if admitting else {},
+        status.preemptions,
         head,
         holders(rules, lines, {e.uid: e for e in envelopes}),
         holdings(lines.values())[0],
-        children.pending,
         now,
     )
-    children.events += asked
+    ledger.preemptions = asked.requests
+    children.events += asked.events
     ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
     ledger.totals = compute_totals(pool.spec.capacity, children.committed, (), lines.values())
     ledger.contracts = types(contracts)
@@ -202,6 +202,8 @@ def reconcile_pool(
     if any(line.stamp > status.stamp for line in ledger.children.values()):
         ledger.stamp = status.stamp + 1
     wake_at = next_return(ledger.windows)
+    if asked.wake_at is not None:  # an envelope that refused may be asked again then
+        wake_at = min(wake_at or asked.wake_at, asked.wake_at)
     if children.postponed:
         wake_at = min(wake_at or now + NEXT_MOVES, now + NEXT_MOVES)
     return PoolReconciliation(ledger, children.events, children.pending, wake_at, after, order)

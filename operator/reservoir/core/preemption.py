@@ -33,13 +33,13 @@ Pure: no Kubernetes, no clock.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from reservoir.core.budgets import ChildFacts
-from reservoir.core.fairshare import EPOCH, SharingRules, Waiting, class_value
+from reservoir.core.fairshare import EPOCH, SharingRules, Waiting, class_refusal, class_value
 from reservoir.core.ledger import ZERO, positive, subtract
 from reservoir.core.lifecycle import ClaimFacts, LedgerEvent, may_have_run
 from reservoir.core.model import (
@@ -48,17 +48,21 @@ from reservoir.core.model import (
     ChildPhase,
     ClaimPhase,
     EnvelopePhase,
+    EnvelopeState,
     LedgerEntry,
     Preemption,
     PreemptionOutcome,
     PreemptionPolicy,
     PreemptionRequest,
     ReservationEnvelopeStatus,
+    ReservationPoolSpec,
 )
 from reservoir.core.model.lending import LoanPhase
 from reservoir.core.text import MESSAGE_LENGTH, bounded, names
 
 PAST_COMMIT = frozenset({ClaimPhase.COMMITTED, ClaimPhase.RUNNING, ClaimPhase.DETACHED})
+# An envelope that refused is asked again for the same preemptor no sooner than this.
+REASK_AFTER = timedelta(seconds=30)
 
 
 # --- the pool's side ---------------------------------------------------------------------
@@ -79,11 +83,21 @@ class Holder:
     uid: str
     namespace: str
     name: str
-    value: int  # the value now of the class recorded on its line
+    value: int | None  # the value now of the class recorded on its line (None: unrecorded)
     admitted_at: datetime
     returns: Mapping[str, Decimal]  # what closing would give back: R less what it committed
     preemptible: bool  # its status shows nothing past a commit point
     decision: Preemption | None  # its own record of its last decision
+
+
+@dataclass
+class Asked:
+    """The pool's requests after a pass, the Events for new ones, and when to look again
+    (an envelope that refused may be asked again then)."""
+
+    requests: dict[str, PreemptionRequest] = field(default_factory=dict)
+    events: list[LedgerEvent] = field(default_factory=list)
+    wake_at: datetime | None = None
 
 
 def preemptible(status: ReservationEnvelopeStatus) -> bool:
@@ -115,7 +129,11 @@ def holders(
                 uid=uid,
                 namespace=line.namespace,
                 name=line.envelope,
-                value=class_value(rules, line.priority_class),
+                # A line admitted before classes were recorded on lines ranks as no class:
+                # it is never preempted on a guess.
+                value=None
+                if line.priority_class is None
+                else class_value(rules, line.priority_class or None),
                 admitted_at=line.reserved_at or EPOCH,
                 returns=positive(subtract(line.reserved, envelope.committed)),
                 preemptible=envelope.preemptible,
@@ -125,18 +143,39 @@ def holders(
     return found
 
 
-def may_preempt(rules: SharingRules, entry: Waiting) -> bool:
-    rule = rules.classes.get(entry.priority_class) if entry.priority_class else None
+def may_preempt(rules: SharingRules, priority_class: str | None) -> bool:
+    rule = rules.classes.get(priority_class) if priority_class else None
     return rule is not None and rule.preemption is PreemptionPolicy.PREEMPT_LOWER_PRIORITY
-
-
-def decided(holder: Holder, preemptor_uid: str) -> bool:
-    return holder.decision is not None and holder.decision.preemptor_uid == preemptor_uid
 
 
 def closing(holder: Holder) -> bool:
     """It decided Preempted: what it returns is on its way here."""
     return holder.decision is not None and holder.decision.outcome is PreemptionOutcome.PREEMPTED
+
+
+def decided_on(decision: Preemption | None, request: PreemptionRequest) -> bool:
+    """An envelope's recorded decision answers this request (made at or after it): it
+    decides once per request, and again on a request the pool makes later."""
+    return (
+        decision is not None
+        and decision.preemptor_uid == request.preemptor_uid
+        and decision.decided_at >= request.requested_at
+    )
+
+
+def refused_lately(holder: Holder, preemptor_uid: str, now: datetime) -> datetime | None:
+    """When it may be asked again for this preemptor, if it refused it less than
+    REASK_AFTER ago (what made it refuse may pass: a claim that settles; its status cannot
+    show every reason, a pod that may still start, so the pool asks again, not at once)."""
+    decision = holder.decision
+    if (
+        decision is None
+        or decision.outcome is not PreemptionOutcome.REFUSED
+        or decision.preemptor_uid != preemptor_uid
+    ):
+        return None
+    again = decision.decided_at + REASK_AFTER
+    return again if now < again else None
 
 
 def requests(
@@ -145,32 +184,32 @@ def requests(
     head: Blocked | None,
     found: Sequence[Holder],
     held: Mapping[str, Mapping[str, Decimal]],
-    waiting: Iterable[str],
     now: datetime,
-) -> tuple[dict[str, PreemptionRequest], list[LedgerEvent]]:
-    """The pool's preemption requests after this pass: those recorded that still wait on an
-    undecided envelope for a preemptor still waiting, and new ones for `head` (the waiting
-    envelope at the head of the queue, short of room) if its class may preempt. `held`:
-    what each namespace holds here; `waiting`: the UIDs of the envelopes still waiting."""
+) -> Asked:
+    """The pool's preemption requests after this pass, worked out again at every pass from
+    the rules as they are now: for `head` (the waiting envelope at the head of the queue,
+    short of room) if its class may preempt, the victims it needs now; a request recorded
+    before and still needed is kept as it was (the envelope may be deciding on it), and one
+    no longer needed is dropped (an envelope that has not decided reads it no more).
+    `held`: what each namespace holds here."""
+    if head is None or not may_preempt(rules, head.entry.priority_class):
+        return Asked()
     by_uid = {holder.uid: holder for holder in found}
-    still_waiting = set(waiting)
-    kept = {
+    mine = {
         uid: request
         for uid, request in recorded.items()
-        if uid in by_uid
-        and not decided(by_uid[uid], request.preemptor_uid)
-        and request.preemptor_uid in still_waiting
+        if request.preemptor_uid == head.entry.uid
+        and uid in by_uid
+        and not decided_on(by_uid[uid].decision, request)
     }
-    if head is None or not may_preempt(rules, head.entry):
-        return kept, []
-    asked = {uid for uid, r in kept.items() if r.preemptor_uid == head.entry.uid}
-    chosen = victims(rules, head, found, held, asked)
-    if not chosen or len(kept) + len(chosen) > MAX_PREEMPTIONS:
-        return kept, []
+    asked = Asked()
+    chosen = victims(rules, head, found, held, set(mine), now, asked)
     preemptor = f"{head.entry.namespace}/{head.entry.name}"
-    events = []
-    for holder in chosen:
-        kept[holder.uid] = PreemptionRequest(
+    for holder in chosen[:MAX_PREEMPTIONS]:  # the rest once these have decided
+        if holder.uid in mine:
+            asked.requests[holder.uid] = mine[holder.uid]
+            continue
+        asked.requests[holder.uid] = PreemptionRequest(
             envelope=holder.name,
             namespace=holder.namespace,
             preemptor=preemptor,
@@ -178,7 +217,7 @@ def requests(
             priority_class=head.entry.priority_class or "",
             requested_at=now,
         )
-        events.append(
+        asked.events.append(
             LedgerEvent(
                 holder.uid,
                 holder.name,
@@ -188,7 +227,8 @@ def requests(
                 "holds nothing past a commit point",
             )
         )
-    return dict(sorted(kept.items())), events
+    asked.requests = dict(sorted(asked.requests.items()))
+    return asked
 
 
 def victims(
@@ -197,42 +237,55 @@ def victims(
     found: Sequence[Holder],
     held: Mapping[str, Mapping[str, Decimal]],
     asked: set[str],
+    now: datetime,
+    outcome: Asked | None = None,
 ) -> list[Holder]:
-    """Whom to ask for `head`, besides those `asked` already: none if what is on its way
-    (those asked, and envelopes closing after a preemption) covers what it lacks, or if
-    everyone it may preempt would not."""
+    """Whom `head` needs to ask now, those `asked` already first (their request stands):
+    none if the envelopes closing after a preemption cover what it lacks, or if everyone it
+    may preempt would not. Lowest class first, then the most recently admitted (it has done
+    the least); an envelope of a namespace with a guarantee only if all it returns is above
+    what the namespace keeps. `outcome.wake_at`: when one that refused may be asked again."""
     remaining = dict(head.short)
+    kept = rules.kept()
+    spare = {ns: guarantee_spare(g, held.get(ns, {})) for ns, g in kept.items()}
     for holder in found:
-        if holder.uid in asked or closing(holder):
+        if closing(holder):  # on its way here, and out of its namespace's holdings
             remaining = subtract(remaining, holder.returns)
+            if holder.namespace in spare:
+                spare[holder.namespace] = subtract(spare[holder.namespace], holder.returns)
     if not positive(remaining):
         return []
     value = class_value(rules, head.entry.priority_class)
-    candidates = [
-        h
-        for h in found
-        if h.value < value
-        and h.preemptible
-        and h.uid not in asked
-        and not closing(h)
-        and not decided(h, head.entry.uid)  # it refused this preemptor once
-    ]
-    # Lowest class first, then the most recently admitted (it has done the least).
+    candidates = []
+    for holder in found:
+        if holder.value is None or holder.value >= value or not holder.preemptible:
+            continue
+        if closing(holder):
+            continue
+        again = refused_lately(holder, head.entry.uid, now)
+        if again is not None:
+            if outcome is not None:
+                outcome.wake_at = min(outcome.wake_at or again, again)
+            continue
+        candidates.append(holder)
     candidates.sort(key=lambda h: h.uid)
     candidates.sort(key=lambda h: h.admitted_at, reverse=True)
-    candidates.sort(key=lambda h: h.value)
-    spare = {ns: guarantee_spare(kept, held.get(ns, {})) for ns, kept in rules.kept().items()}
-    chosen: list[tuple[Holder, dict[str, Decimal]]] = []
+    candidates.sort(key=lambda h: (h.uid not in asked, h.value))  # asked stay asked
+    chosen: list[Holder] = []
     for holder in candidates:
         if not positive(remaining):
             break
-        usable = usable_return(holder, spare.get(holder.namespace))
-        if not any(usable.get(r, ZERO) > ZERO for r in positive(remaining)):
+        if not any(holder.returns.get(r, ZERO) > ZERO for r in positive(remaining)):
             continue  # frees nothing the head lacks
-        chosen.append((holder, usable))
-        remaining = subtract(remaining, usable)
-        if holder.namespace in spare:
-            spare[holder.namespace] = subtract(spare[holder.namespace], usable)
+        room = spare.get(holder.namespace)
+        if room is not None and any(
+            holder.returns.get(r, ZERO) > amount for r, amount in room.items()
+        ):
+            continue  # it would take its namespace below its guarantee
+        chosen.append(holder)
+        remaining = subtract(remaining, holder.returns)
+        if room is not None:
+            spare[holder.namespace] = subtract(room, holder.returns)
     if positive(remaining):
         return []  # it would wait anyway: preempt no one in vain
     return minimal(chosen, remaining)
@@ -246,24 +299,38 @@ def guarantee_spare(
     return {r: max(held.get(r, ZERO) - amount, ZERO) for r, amount in guaranteed.items()}
 
 
-def usable_return(holder: Holder, spare: Mapping[str, Decimal] | None) -> dict[str, Decimal]:
-    if spare is None:
-        return dict(holder.returns)
-    return {r: min(v, spare[r]) if r in spare else v for r, v in holder.returns.items()}
-
-
-def minimal(
-    chosen: list[tuple[Holder, dict[str, Decimal]]], remaining: Mapping[str, Decimal]
-) -> list[Holder]:
+def minimal(chosen: list[Holder], remaining: Mapping[str, Decimal]) -> list[Holder]:
     """Drop, the last chosen first (the highest class, the longest admitted), every victim
     the others cover without: preempt as little as needed."""
     slack = {r: -v for r, v in remaining.items() if v < ZERO}  # freed beyond the need
     kept = list(chosen)
-    for holder, usable in reversed(chosen):
-        if all(usable.get(r, ZERO) <= slack.get(r, ZERO) for r in usable if usable[r] > ZERO):
-            kept.remove((holder, usable))
-            slack = subtract(slack, usable)
-    return [holder for holder, _ in kept]
+    for holder in reversed(chosen):
+        returns = {r: v for r, v in holder.returns.items() if v > ZERO and r in remaining}
+        if all(v <= slack.get(r, ZERO) for r, v in returns.items()):
+            kept.remove(holder)
+            slack = subtract(slack, returns)
+    return kept
+
+
+def still_asked(
+    spec: ReservationPoolSpec, request: PreemptionRequest | None, own_class: str | None
+) -> PreemptionRequest | None:
+    """The pool's request as the envelope asked reads it: only while the pool's spec, read
+    with it, still allows it (the pool Open, the preemptor's class still with
+    PreemptLowerPriority, allowed in its namespace, above the class the envelope was
+    admitted under; `own_class`: that class, None if its line recorded none). The pool
+    drops a request no longer needed at its next pass; this covers the passes between."""
+    if request is None or own_class is None or spec.state is not EnvelopeState.OPEN:
+        return None
+    rules = SharingRules.of(spec)
+    namespace = request.preemptor.split("/", 1)[0]
+    if not may_preempt(rules, request.priority_class):
+        return None
+    if class_refusal(rules, namespace, request.priority_class) is not None:
+        return None
+    if class_value(rules, request.priority_class) <= class_value(rules, own_class or None):
+        return None
+    return request
 
 
 # --- the envelope's side -----------------------------------------------------------------

@@ -145,7 +145,7 @@ from reservoir.core.policy import (
     request_problem,
     within_grant,
 )
-from reservoir.core.preemption import preempted, verdict
+from reservoir.core.preemption import decided_on, preempted, verdict
 from reservoir.core.provider import (
     FIRST_LOOKUP_WAIT_SECONDS,
     OBJECT_LOOKUP_SECONDS,
@@ -616,10 +616,7 @@ def _give_room_if_preempted(
         or record.settled is not None
         or not result.admitted
         or not envelope.accepting(result.now)
-        or (
-            ledger.preemption is not None
-            and ledger.preemption.preemptor_uid == request.preemptor_uid
-        )
+        or decided_on(ledger.preemption, request)
     ):
         return envelope
     others = []

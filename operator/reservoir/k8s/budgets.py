@@ -29,7 +29,7 @@ from reservoir.core.model import (
     ReservationPoolSpec,
     ReservationPoolStatus,
 )
-from reservoir.core.preemption import preemptible
+from reservoir.core.preemption import preemptible, still_asked
 from reservoir.core.serving_classes import UnknownServingClassError
 from reservoir.k8s import serving
 from reservoir.k8s.facts import UnreadableEnvelopeError, as_dict, parse_time
@@ -148,7 +148,8 @@ async def parent_view(
         if record.kind is ParentKind.ROOT:
             return None
         if record.kind is ParentKind.POOL:
-            return pool_view(await get_object(client, ReservationPool, record.name, None), uid)
+            body = await get_object(client, ReservationPool, record.name, None)
+            return pool_view(body, uid, admitted_as=record.priority_class)
         body = await get_object(client, ReservationEnvelope, record.name, namespace)
         return envelope_view(body, record.name, uid)
     if spec.parent is not None:
@@ -191,9 +192,11 @@ def pool_view(
     name: str = "",
     child: ReservationEnvelopeSpec | None = None,
     namespace: str = "",
+    admitted_as: str | None = None,
 ) -> ParentView:
     """`child`, `namespace`: the waiting envelope's, to say why the pool will not admit it
-    (Closed, or a priority class its namespace may not use)."""
+    (Closed, or a priority class its namespace may not use). `admitted_as`: an admitted
+    envelope's class as its line recorded it, for the pool's preemption request."""
     if body is None:
         return ParentView(ParentKind.POOL, name)
     try:
@@ -225,7 +228,7 @@ def pool_view(
         line=status.children.get(child_uid),
         deleting=bool(body["metadata"].get("deletionTimestamp")),
         refusal=None if refusal is None else refusal.message,
-        preemption=status.preemptions.get(child_uid),
+        preemption=still_asked(spec, status.preemptions.get(child_uid), admitted_as),
     )
 
 
