@@ -687,14 +687,18 @@ class PoolSnapshot:
     reserved: Mapping[str, int] = field(default_factory=dict)  # namespace -> envelopes
     pending: Mapping[str, int] = field(default_factory=dict)  # namespace -> envelopes
     share: Mapping[str, Decimal] = field(default_factory=dict)  # namespace -> weighted share
+    preemptions: int = 0  # requests that envelopes give their room, not yet decided
 
     @classmethod
-    def of(cls, totals: ResourceTotals, shares: Mapping[str, NamespaceUsage]) -> PoolSnapshot:
+    def of(
+        cls, totals: ResourceTotals, shares: Mapping[str, NamespaceUsage], preemptions: int = 0
+    ) -> PoolSnapshot:
         return cls(
             totals=totals,
             reserved={ns: u.open for ns, u in shares.items() if u.open},
             pending={ns: u.waiting for ns, u in shares.items() if u.waiting},
             share={ns: Decimal(u.share) for ns, u in shares.items()},
+            preemptions=preemptions,
         )
 
 
@@ -754,9 +758,18 @@ class PoolGauges(Collector):
             "the lowest first, so under saturation the namespaces' shares level out.",
             labels=["pool", "namespace"],
         )
+        preemptions = GaugeMetricFamily(
+            "reservoir_pool_preemption_requests",
+            "Envelopes the pool asked to give their room to a higher class's waiting envelope "
+            "and that have not decided yet (each decides on its own claims: Preempted or "
+            "Refused). Lingering requests: the victims' passes are not running.",
+            labels=["pool"],
+        )
         sums: dict[tuple[str, ...], float] = {}
         for pool, snap in sorted(snapshots.items()):
             name = pool if pool in shown else OTHER
+            asked = (preemptions.name, name)
+            sums[asked] = sums.get(asked, 0.0) + snap.preemptions
             for state in POOL_STATES:
                 for resource, amount in _bounded_resources(getattr(snap.totals, state)):
                     key = (capacity.name, name, resource, state)
@@ -768,12 +781,13 @@ class PoolGauges(Collector):
             if name != OTHER:  # a share is not summed across pools
                 for namespace, weighted in sorted(snap.share.items()):
                     sums[(share.name, name, namespace)] = float(weighted)
-        families = {f.name: f for f in (capacity, envelopes, share)}
+        families = {f.name: f for f in (capacity, envelopes, share, preemptions)}
         for (family, *labels), value in sorted(sums.items()):
             families[family].add_metric(labels, value)
         yield capacity
         yield envelopes
         yield share
+        yield preemptions
 
 
 def _bounded_namespaces(counts: Mapping[str, int]) -> list[tuple[str, int]]:

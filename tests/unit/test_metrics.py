@@ -506,9 +506,9 @@ def test_pool_gauges_show_totals_and_envelopes_by_namespace_and_go_with_the_pool
         reserved={"gpu": Decimal(6)},
         available={"gpu": Decimal(2)},
     )
-    gauges.record("p", metrics.PoolSnapshot.of(totals, shares))
+    gauges.record("p", metrics.PoolSnapshot.of(totals, shares, preemptions=2))
     past_the_cap = {"team-c": NamespaceUsage(waiting=1, share="0.5000")}
-    gauges.record("q", metrics.PoolSnapshot.of(totals, past_the_cap))
+    gauges.record("q", metrics.PoolSnapshot.of(totals, past_the_cap, preemptions=1))
     found = {(s.name, *s.labels.values()): s.value for f in gauges.collect() for s in f.samples}
     assert found[("reservoir_pool_capacity", "p", "gpu", "available")] == 2
     assert found[("reservoir_pool_capacity", "_other", "gpu", "reserved")] == 6
@@ -518,6 +518,8 @@ def test_pool_gauges_show_totals_and_envelopes_by_namespace_and_go_with_the_pool
     assert ("reservoir_pool_envelopes", "p", "team-b", "reserved") not in found
     assert found[("reservoir_pool_namespace_share", "p", "team-a")] == 0.75
     assert found[("reservoir_pool_namespace_share", "p", "team-b")] == 0
+    assert found[("reservoir_pool_preemption_requests", "p")] == 2
+    assert found[("reservoir_pool_preemption_requests", "_other")] == 1
     assert not any(
         key[0] == "reservoir_pool_namespace_share" and key[1] == "_other" for key in found
     )

@@ -134,7 +134,9 @@ class PoolWriter:
                     self.poke_envelope(meta["namespace"], meta["name"])
         metrics.pools.record(
             name,
-            metrics.PoolSnapshot.of(result.status.totals, result.status.shares),
+            metrics.PoolSnapshot.of(
+                result.status.totals, result.status.shares, len(result.status.preemptions)
+            ),
         )
         for event in result.events:
             target = bodies.get(event.uid, pool)
