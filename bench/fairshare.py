@@ -129,7 +129,7 @@ def run(client: Client, pool: str, shape: Saturation) -> Outcome:
                         seen_admitted[key] = now
                         outcome.admitted[namespace] += 1
                     elif now - seen_admitted[key] >= shape.hold_seconds:
-                        _delete(client, namespace, body["metadata"]["name"])
+                        delete(client, namespace, body["metadata"]["name"])
                         deleted.add(key)
                 elif not body["metadata"].get("deletionTimestamp"):
                     waiting += 1
@@ -153,13 +153,14 @@ def run(client: Client, pool: str, shape: Saturation) -> Outcome:
             namespace=namespace,
             labels={"bench.reservoir.dev/fairshare": "true"},
         ):
-            _delete(client, namespace, item.metadata.name)
+            delete(client, namespace, item.metadata.name)
     return outcome
 
 
-def _delete(client: Client, namespace: str, name: str) -> None:
+def delete(client: Client, namespace: str, name: str, kind: Any = ReservationEnvelope) -> None:
+    """Delete an object the benchmark made (one already gone is fine)."""
     try:
-        client.delete(ReservationEnvelope, name, namespace=namespace)
+        client.delete(kind, name, namespace=namespace)
     except ApiError as error:
         if error.status.code != 404:
             raise

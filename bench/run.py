@@ -32,7 +32,10 @@ one is needed:
 - fairshare: three namespaces with weights 1, 1, 2 saturating one pool (five minutes;
   `--full` ten): each one's time-averaged fraction of the pool against its weighted share,
   beside the same load with equal weights (tests/integration/test_fair_sharing.py runs
-  it shorter with a tolerance).
+  it shorter with a tolerance);
+- preemption: a batch tenant keeps a pool full (half its envelopes exploring with a
+  Tentative claim, half working with a Committed one); an urgent tenant's wait for
+  admission when its class preempts tentative holds, beside the same load when it may not.
 
 Each scenario writes bench/results/<scenario>.json (machine, parameters, figures) and
 .png; the run ends with a summary table (scenario, figure, value, target, ratio), also in
@@ -77,6 +80,7 @@ import audit  # noqa: E402
 import fairshare  # noqa: E402
 import load  # noqa: E402
 import plots  # noqa: E402
+import preemption  # noqa: E402
 import request_costs  # noqa: E402
 from identities import user_kubeconfig  # noqa: E402
 from localcluster import (  # noqa: E402
@@ -102,6 +106,7 @@ SCENARIOS = (
     "requests",
     "pool",
     "fairshare",
+    "preemption",
 )
 OPERATOR_USER = "reservoir-operator"
 LOAD_USER = "bench-load"
@@ -129,6 +134,7 @@ class Sizes:
     latency_claims: int  # claims offered at latency_rate (open loop)
     pool_envelopes: int = 300  # root envelopes open at once in one tenant pool
     fairshare_seconds: int = 300  # three namespaces saturating one pool
+    preemption_seconds: int = 150  # a batch tenant keeping one pool full, each way
     latency_rate: float = 20.0  # claims/s: the issue's latency targets hold at 20/s
 
 
@@ -167,6 +173,7 @@ FULL = Sizes(
     latency_claims=1200,
     pool_envelopes=3000,
     fairshare_seconds=600,
+    preemption_seconds=300,
 )
 
 # The issue's targets (#10), on the 2-core machine: reported next to each figure, never
@@ -1818,6 +1825,86 @@ def report_fairshare(bench: Bench, result: dict[str, Any]) -> None:
         bench.row(s, f"{label}: envelopes admitted", str(run["admitted"]))
 
 
+def scenario_preemption(bench: Bench) -> dict[str, Any]:
+    """Issue 25: a batch tenant keeps a pool of 8 slots full (half its envelopes exploring,
+    one Tentative claim each; half working, one claim dispatched at creation), each
+    envelope held 40 s; an urgent tenant asks for one slot every 8 s. The figure is the
+    urgent envelopes' wait for admission with the urgent class allowed to preempt
+    tentative holds; the baseline in the same run is the same load with its
+    preemptionPolicy Never (it waits for a batch envelope to let go). Checked: no claim past
+    its commit point was released for preemption."""
+    seconds = bench.sizes.preemption_seconds
+    batch, urgent = bench.namespace("preempt-batch"), bench.namespace("preempt-urgent")
+    operator = Operator(bench, batch, "preemption", more=(urgent,))
+    operator.start()
+    client = fairshare.client_for(str(bench.load_kubeconfig))
+    figures: dict[str, Any] = {}
+    try:
+        for label, preempt in (("preempting", True), ("never", False)):
+            pool = f"bench-preempt-{label}-{random.randbytes(2).hex()}"
+            shape = preemption.Shape(batch, urgent, preempt, seconds=seconds)
+            say(f"preemption ({label}): 8 slots kept full, an urgent envelope every 8 s")
+            preemption.create_pool(client, pool, shape)
+            try:
+                outcome = preemption.run(client, shape)
+                status = fairshare.wait_returned(client, pool, within=180)
+                figures[label] = outcome.figures() | {
+                    "pool_available_after": (status.get("totals") or {}).get("available")
+                }
+            finally:
+                bench.cluster.kubectl("delete", "rpool", pool, "--wait=false")
+        plots.series(
+            RESULTS / "preemption.png",
+            "urgent envelope's wait for a full pool: preempting tentative holds vs never",
+            {
+                f"{label}: wait (s) of the urgent envelope created then": [
+                    (t, w) for t, w in figures[label]["waits"]
+                ]
+                for label in ("preempting", "never")
+            },
+            "seconds waited",
+        )
+    except RuntimeError as error:
+        figures["error"] = str(error)
+    finally:
+        operator.stop(timeout=120)
+    return {
+        "parameters": {"seconds": seconds, "slots": 8, "hold_seconds": 40, "every": 8},
+        "figures": figures,
+    }
+
+
+def report_preemption(bench: Bench, result: dict[str, Any]) -> None:
+    f = result["figures"]
+    s = "preemption"
+    if "error" in f:
+        bench.row(s, "error", f["error"][:90])
+    for label in ("preempting", "never"):
+        run = f.get(label)
+        if run is None:
+            continue
+        bench.row(s, f"{label}: urgent wait p50", run["wait_p50_seconds"], "s")
+        bench.row(s, f"{label}: urgent wait max", run["wait_max_seconds"], "s")
+        bench.row(
+            s,
+            f"{label}: urgent admitted / still waiting",
+            f"{run['urgent_admitted']} / {run['urgent_unadmitted']}",
+        )
+        bench.row(
+            s,
+            f"{label}: envelopes / claims preempted (committed ones)",
+            f"{run['preempted_envelopes']} / {run['preempted_claims']} "
+            f"({run['committed_claims_preempted']})",
+        )
+    ours, base = f.get("preempting"), f.get("never")
+    if ours and base and ours["wait_mean_seconds"] and base["wait_mean_seconds"]:
+        bench.row(
+            s,
+            "mean wait, never / preempting",
+            base["wait_mean_seconds"] / ours["wait_mean_seconds"],
+        )
+
+
 def scenario_requests(bench: Bench) -> dict[str, Any]:
     """The API server's CPU per request of each kind (no operator, nothing else running):
     fresh reads, an envelope's ledger write, a claim's status write."""
@@ -1877,6 +1964,7 @@ RUNNERS: dict[
     "requests": (scenario_requests, report_requests),
     "pool": (scenario_pool, report_pool),
     "fairshare": (scenario_fairshare, report_fairshare),
+    "preemption": (scenario_preemption, report_preemption),
 }
 
 
