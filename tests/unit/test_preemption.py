@@ -7,6 +7,7 @@ histories where the operator sees a dispatch in the same pass as the pool's requ
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -17,11 +18,13 @@ from hypothesis import strategies as st
 
 from reservoir.core.budgets import ChildFacts
 from reservoir.core.fairshare import SharingRules, Waiting
+from reservoir.core.lifecycle import PodFacts
 from reservoir.core.model import (
     ChildEntry,
     ChildPhase,
     ClaimPhase,
     EnvelopePhase,
+    EnvelopePolicy,
     PreemptionOutcome,
     PreemptionPolicy,
     PreemptionRequest,
@@ -578,4 +581,94 @@ def test_more_victims_than_a_pool_records_at_once_are_asked_in_turn() -> None:
     run.settle()
     preempted = [i for i in range(20) if run.of(f"a-{i:02d}").preemption is not None]
     assert len(preempted) == 18
+    assert run.of("b-urgent").phase is EnvelopePhase.OPEN
+
+
+def test_no_one_is_preempted_in_vain_under_another_namespaces_unused_guarantee() -> None:
+    """c's guarantee (4, unused) takes the first 4 GPUs freed: b-urgent (2) needs 6 freed,
+    and only the two idle envelopes (4) could be had."""
+    world = pool_world(gpus=8, namespaces=("a", "b", "c"))
+    run = Run(world)
+    for i in range(4):
+        world.create_envelope(f"a-{i}", {GPU: 2}, namespace="a", priority_class="batch")
+        run.settle()
+        world.tick()
+    for i in (0, 1):  # past their commit point: never preempted
+        world.create_claim(f"c{i}", f"a-{i}", {GPU: 1})
+        run.settle()
+        world.update_claim(f"c{i}", dispatch=True)
+        run.settle()
+    world.update_pool(shares={"c": {"guaranteed": {GPU: 4}}})
+    run.settle()
+    asked_for(world, run, "b-urgent", 2)
+    assert requested(run) == []
+    run.settle()
+    assert all(run.of(f"a-{i}").preemption is None for i in range(4))
+
+
+def test_the_shortfall_is_what_is_left_once_the_pass_admitted_within_guarantees() -> None:
+    """In one pass c-urgent (3) is the head, then c-small (1, within c's guarantee) takes
+    the one free GPU: the shortfall is 3, not 2, and a-0 (2) alone would be in vain."""
+    world = pool_world(gpus=8, namespaces=("a", "b", "c"), shares={"c": {"guaranteed": {GPU: 4}}})
+    run = Run(world)
+    world.create_envelope("c-0", {GPU: 3}, namespace="c", priority_class="batch")
+    run.settle()
+    world.create_envelope("a-1", {GPU: 2}, namespace="a", priority_class="batch")
+    run.settle()
+    world.create_claim("c1", "a-1", {GPU: 1})
+    run.settle()
+    world.update_claim("c1", dispatch=True)
+    run.settle()
+    world.tick()
+    world.create_envelope("a-0", {GPU: 2}, namespace="a", priority_class="batch")
+    run.settle()
+    world.create_envelope("c-urgent", {GPU: 3}, namespace="c", priority_class="urgent")
+    world.create_envelope("c-small", {GPU: 1}, namespace="c", priority_class="batch")
+    run.reconcile(POOL)
+    assert requested(run) == []
+    run.settle()
+    assert run.of("a-0").preemption is None
+
+
+@pytest.mark.parametrize("lag", [0, 3], ids=["fresh", "pool-read-late"])
+def test_a_gated_workload_pod_is_a_branch_sent_whatever_the_operator_saw_first(
+    lag: int,
+) -> None:
+    """The pool asks; the claim's worker creates its workload pod (behind the hand-off
+    gate); the envelope's pass: seeing the request with the pod (fresh) or the pod first
+    (the pool read one event late: it hands the pod off), the claim is never preempted."""
+    world = pool_world(gpus=4)
+    run = Run(world)
+    world.create_envelope("a-idle", {GPU: 4}, namespace="a", priority_class="batch")
+    run.settle()
+    world.create_claim("t1", "a-idle", {GPU: 1})
+    run.settle()
+    asked_for(world, run, "b-urgent", 4)
+    assert requested(run) == ["a-idle"]
+    pod = PodFacts(gated=True, gated_pod="p1", uids=frozenset({"p1"}), gated_uids=frozenset({"p1"}))
+    world.claims["t1"] = replace(world.claims["t1"], pod=pod)
+    run.reconcile(world.uid("a-idle"), lag=lag)
+    run.settle()
+    assert phase(run, "t1") is ClaimPhase.COMMITTED
+    assert run.of("b-urgent").phase is EnvelopePhase.PENDING
+
+
+def test_a_lease_lapsed_by_the_decision_ends_by_the_clock_as_if_seen_first() -> None:
+    world = pool_world(gpus=4)
+    run = Run(world)
+    short_leases = EnvelopePolicy(default_lease_seconds=30, max_claim_lifetime_seconds=10**6)
+    world.create_envelope(
+        "a-idle", {GPU: 4}, namespace="a", priority_class="batch", policy=short_leases
+    )
+    run.settle()
+    world.create_claim("t1", "a-idle", {GPU: 1})
+    run.settle()
+    assert phase(run, "t1") is ClaimPhase.TENTATIVE
+    world.create_envelope("b-urgent", {GPU: 4}, namespace="b", priority_class="urgent")
+    run.reconcile(world.uid("b-urgent"))
+    run.reconcile(POOL)
+    world.tick(60)  # the lease lapses before the envelope's pass reads the request
+    run.reconcile(world.uid("a-idle"))
+    assert reason(run, "t1") == "LeaseExpired"
+    run.settle()
     assert run.of("b-urgent").phase is EnvelopePhase.OPEN

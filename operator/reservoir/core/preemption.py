@@ -356,8 +356,16 @@ def verdict(
             refusals.append(f"claim {line.claim} is gone: it may have been dispatched")
         elif may_have_run(claim):
             refusals.append(f"claim {line.claim} is past its commit point")
-        elif claim.pod is not None and claim.pod.may_still_start:
-            refusals.append(f"a workload pod of claim {line.claim} may still start")
+        elif claim.pod is not None and claim.pod.uids:
+            # Creating the workload pod is sending the branch, gated or not: whether the
+            # operator lifted the gate first must not decide (found by review: a pass one
+            # event behind handed the pod off and committed, a fresh one preempted).
+            refusals.append(f"claim {line.claim} has a workload pod: its branch was sent")
+    # A lease that has lapsed by this pass ends its claim by the clock (LeaseExpired), as it
+    # would for a pass that saw the lapse before the request.
+    released = sorted(
+        uid for uid, line in held.items() if line.expires_at is None or now < line.expires_at
+    )
     record = Preemption(
         outcome=PreemptionOutcome.REFUSED if refusals else PreemptionOutcome.PREEMPTED,
         preemptor=request.preemptor,
@@ -368,12 +376,12 @@ def verdict(
             f"refused to give its room to {request.preemptor}: {names(refusals, 3)}"
             if refusals
             else f"gave its room to {request.preemptor} (priority class "
-            f"{request.priority_class}): its {len(held)} Tentative claims released with "
+            f"{request.priority_class}): its {len(released)} Tentative claims released with "
             "reason Preempted, and it closed; queue again with a new envelope",
             MESSAGE_LENGTH,
         ),
     )
-    return record, [] if refusals else sorted(held)
+    return record, [] if refusals else released
 
 
 def preempted(status: ReservationEnvelopeStatus) -> bool:
