@@ -31,7 +31,7 @@ from reservoir.core.model import (
     ReservationPoolSpec,
 )
 from reservoir.core.preemption import Blocked, Holder, holders, still_asked, victims
-from tests.unit.tree_sim import POOL, Run, World
+from tests.unit.tree_sim import LONG_LIVED, POOL, Run, World
 
 GPU = "concurrency"  # Reusable by default; devices would need the scheduler
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -60,6 +60,28 @@ def held_by_claims(world: World, run: Run) -> None:
     run.settle()
     assert phase(run, "t1") is ClaimPhase.TENTATIVE
     assert phase(run, "c1") is ClaimPhase.COMMITTED
+
+
+def admitted_in_turn(world: World, run: Run, *envelopes: tuple[str, int, str]) -> None:
+    """Namespace a's envelopes (name, slots, class), each admitted in a pass of its own a
+    second after the one before: "the most recently admitted" is well defined."""
+    for name, slots, klass in envelopes:
+        world.create_envelope(name, {GPU: slots}, namespace="a", priority_class=klass)
+        run.settle()
+        world.tick()
+
+
+def holding_one_tentative_claim(
+    world: World, run: Run, slots: int = 4, policy: EnvelopePolicy = LONG_LIVED
+) -> None:
+    """a-idle (class batch, namespace a) holds claim t1, Tentative."""
+    world.create_envelope(
+        "a-idle", {GPU: slots}, namespace="a", priority_class="batch", policy=policy
+    )
+    run.settle()
+    world.create_claim("t1", "a-idle", {GPU: 1})
+    run.settle()
+    assert phase(run, "t1") is ClaimPhase.TENTATIVE
 
 
 def phase(run: Run, claim: str) -> ClaimPhase:
@@ -147,14 +169,8 @@ def test_an_idle_envelope_is_a_tentative_hold_and_the_newest_goes_first() -> Non
     first, then the most recently admitted; as few as free the room."""
     world = pool_world(gpus=6)
     run = Run(world)
-    world.create_envelope("a-old", {GPU: 2}, namespace="a", priority_class="batch")
-    run.settle()
-    world.tick()
-    world.create_envelope("a-new", {GPU: 2}, namespace="a", priority_class="batch")
-    run.settle()
-    world.tick()
-    world.create_envelope("a-agentic", {GPU: 2}, namespace="a", priority_class="agentic")
-    run.settle()
+    admitted_in_turn(world, run, ("a-old", 2, "batch"), ("a-new", 2, "batch"))
+    admitted_in_turn(world, run, ("a-agentic", 2, "agentic"))
     world.create_envelope("b-urgent", {GPU: 2}, namespace="b", priority_class="urgent")
     run.settle()
     preempted = {
@@ -189,11 +205,7 @@ def test_a_class_that_may_not_preempt_waits_and_so_does_an_equal_one() -> None:
 def test_preemption_never_takes_a_namespace_below_its_guarantee() -> None:
     world = pool_world(shares={"a": {"guaranteed": {GPU: 2}}})
     run = Run(world)
-    world.create_envelope("a-0", {GPU: 2}, namespace="a", priority_class="batch")
-    run.settle()
-    world.tick()
-    world.create_envelope("a-1", {GPU: 2}, namespace="a", priority_class="batch")
-    run.settle()
+    admitted_in_turn(world, run, ("a-0", 2, "batch"), ("a-1", 2, "batch"))
     world.create_envelope("b-urgent", {GPU: 4}, namespace="b", priority_class="urgent")
     run.settle()
     # Only 2 of a's 4 GPUs are beyond its guarantee: 4 cannot be had, no one is asked.
@@ -412,10 +424,7 @@ def test_requests_are_worked_out_again_for_what_the_preemptor_still_lacks() -> N
     before they decide: the pool's next pass keeps only the one it still needs."""
     world = pool_world(gpus=8)
     run = Run(world)
-    for i in range(4):
-        world.create_envelope(f"a-{i}", {GPU: 2}, namespace="a", priority_class="batch")
-        run.settle()
-        world.tick()
+    admitted_in_turn(world, run, *((f"a-{i}", 2, "batch") for i in range(4)))
     asked_for(world, run, "b-urgent", 8)
     assert requested(run) == ["a-0", "a-1", "a-2", "a-3"]
     env = world.envelope("b-urgent")  # a root's capacity may change (the API allows it)
@@ -462,10 +471,7 @@ def test_an_envelope_asked_reads_the_request_against_the_pools_rules_as_they_are
     pool's write, decides before the pool's next pass: it gives nothing away."""
     world = pool_world()
     run = Run(world)
-    world.create_envelope("a-idle", {GPU: 4}, namespace="a", priority_class="batch")
-    run.settle()
-    world.create_claim("t1", "a-idle", {GPU: 1})
-    run.settle()
+    holding_one_tentative_claim(world, run)
     asked_for(world, run, "b-urgent", 2)
     assert requested(run) == ["a-idle"]
     world.update_pool(**edit)
@@ -497,13 +503,8 @@ def test_an_envelope_that_stops_accepting_is_not_waited_for() -> None:
     the pool drops the request and asks another."""
     world = pool_world(gpus=4)
     run = Run(world)
-    world.create_envelope("a-old", {GPU: 2}, namespace="a", priority_class="batch")
-    run.settle()
-    world.tick()
-    world.create_envelope("a-idle", {GPU: 2}, namespace="a", priority_class="batch")
-    run.settle()
-    world.create_claim("t1", "a-idle", {GPU: 1})
-    run.settle()
+    admitted_in_turn(world, run, ("a-old", 2, "batch"))
+    holding_one_tentative_claim(world, run, slots=2)
     asked_for(world, run, "b-urgent", 2)
     assert requested(run) == ["a-idle"]
     world.close("a-idle")
@@ -549,10 +550,7 @@ def test_a_line_without_a_recorded_class_is_never_preempted() -> None:
 def test_an_envelope_that_refused_is_asked_again_later_not_at_once() -> None:
     world = pool_world(gpus=4)
     run = Run(world)
-    world.create_envelope("a-idle", {GPU: 4}, namespace="a", priority_class="batch")
-    run.settle()
-    world.create_claim("t1", "a-idle", {GPU: 1})
-    run.settle()
+    holding_one_tentative_claim(world, run)
     asked_for(world, run, "b-urgent", 4)
     world.update_claim("t1", dispatch=True)
     run.settle()
@@ -589,10 +587,7 @@ def test_no_one_is_preempted_in_vain_under_another_namespaces_unused_guarantee()
     and only the two idle envelopes (4) could be had."""
     world = pool_world(gpus=8, namespaces=("a", "b", "c"))
     run = Run(world)
-    for i in range(4):
-        world.create_envelope(f"a-{i}", {GPU: 2}, namespace="a", priority_class="batch")
-        run.settle()
-        world.tick()
+    admitted_in_turn(world, run, *((f"a-{i}", 2, "batch") for i in range(4)))
     for i in (0, 1):  # past their commit point: never preempted
         world.create_claim(f"c{i}", f"a-{i}", {GPU: 1})
         run.settle()
@@ -639,10 +634,7 @@ def test_a_gated_workload_pod_is_a_branch_sent_whatever_the_operator_saw_first(
     (the pool read one event late: it hands the pod off), the claim is never preempted."""
     world = pool_world(gpus=4)
     run = Run(world)
-    world.create_envelope("a-idle", {GPU: 4}, namespace="a", priority_class="batch")
-    run.settle()
-    world.create_claim("t1", "a-idle", {GPU: 1})
-    run.settle()
+    holding_one_tentative_claim(world, run)
     asked_for(world, run, "b-urgent", 4)
     assert requested(run) == ["a-idle"]
     pod = PodFacts(gated=True, gated_pod="p1", uids=frozenset({"p1"}), gated_uids=frozenset({"p1"}))
@@ -657,12 +649,7 @@ def test_a_lease_lapsed_by_the_decision_ends_by_the_clock_as_if_seen_first() -> 
     world = pool_world(gpus=4)
     run = Run(world)
     short_leases = EnvelopePolicy(default_lease_seconds=30, max_claim_lifetime_seconds=10**6)
-    world.create_envelope(
-        "a-idle", {GPU: 4}, namespace="a", priority_class="batch", policy=short_leases
-    )
-    run.settle()
-    world.create_claim("t1", "a-idle", {GPU: 1})
-    run.settle()
+    holding_one_tentative_claim(world, run, policy=short_leases)
     assert phase(run, "t1") is ClaimPhase.TENTATIVE
     world.create_envelope("b-urgent", {GPU: 4}, namespace="b", priority_class="urgent")
     run.reconcile(world.uid("b-urgent"))
