@@ -150,6 +150,10 @@ def test_a_dispatch_seen_with_the_request_refuses_it_and_the_claim_commits() -> 
     run.reconcile(world.uid("b-urgent"))
     run.reconcile(POOL)
     assert set(run.pool.preemptions) == {world.uid("a-idle")}
+    run.reconcile(world.uid("b-urgent"))  # it says why it waits
+    assert "which asked 1 envelopes of lower priority classes" in (
+        run.of("b-urgent").queue_reason or ""
+    )
     world.update_claim("t1", dispatch=True)
     run.reconcile(world.uid("a-idle"))
     idle = run.of("a-idle")

@@ -517,6 +517,9 @@ class Run:
                     pool_status.preemptions.get(envelope.uid),
                     own.parent.priority_class if own.parent is not None else None,
                 ),
+                preempting=sum(
+                    1 for r in pool_status.preemptions.values() if r.preemptor_uid == envelope.uid
+                ),
             )
         named = [(e, s) for e, s in seen.values() if e.name == envelope.spec.parent]
         if not named:

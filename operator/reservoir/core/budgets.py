@@ -340,6 +340,8 @@ class ParentView:
     refusal: str | None = None
     # The pool's request that this envelope give its room to a higher class, if any.
     preemption: PreemptionRequest | None = None
+    # For a waiting envelope: the envelopes the pool asked to give their room to it.
+    preempting: int = 0
 
     @property
     def gone(self) -> bool:
@@ -418,6 +420,11 @@ def _why_waiting(
         return f"{what} cannot admit it: {problem}"
     if parent.refusal is not None:
         return f"waiting for {what}: {parent.refusal}"
+    if parent.preempting:
+        return (
+            f"waiting for room in {what}, which asked {parent.preempting} envelopes of lower "
+            "priority classes to give theirs (each decides on its own claims)"
+        )
     return f"waiting for room in {what}"
 
 

@@ -229,6 +229,7 @@ def pool_view(
         deleting=bool(body["metadata"].get("deletionTimestamp")),
         refusal=None if refusal is None else refusal.message,
         preemption=still_asked(spec, status.preemptions.get(child_uid), admitted_as),
+        preempting=sum(1 for r in status.preemptions.values() if r.preemptor_uid == child_uid),
     )
 
 
