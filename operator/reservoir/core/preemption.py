@@ -6,21 +6,27 @@ point. Work past its commit point is never preempted.
 
 Two objects, each deciding on what it recorded itself (DESIGN.md §1.6):
 
-1. The pool's pass (`requests`) picks the victims among its lines: each ranked by the class
-   recorded on its line at admission (a class named since does not count), the lowest
-   first, then the most recently admitted (Kueue's order); only envelopes whose own status
-   shows no claim past a commit point and no child envelope; never below a namespace's
-   guarantee; as few as free the room, and none unless they free all of it. It records a
-   request naming each (`status.preemptions`). The pool itself releases nothing.
-2. The victim's pass (`verdict`) reads the request from its pool and decides on its own
-   lines and on its claims' facts as read in that pass, before anything else moves. If
+1. The pool's pass (`requests`) works out the victims again at every pass, for what the
+   head of its queue still lacks once the pass is done and under the rules as they are
+   then: each ranked by the class recorded on its line at admission (a class named since
+   does not count; a line admitted before classes were recorded is never picked), the
+   lowest first, then the most recently admitted (Kueue's order); only open envelopes whose
+   own status shows no claim past a commit point and no child envelope; never taking a
+   namespace below its guarantee; as few as free the room, and none unless they free all
+   of it. It records a request naming each (`status.preemptions`, MAX_PREEMPTIONS at a
+   time), drops those no longer needed, and asks one that refused again REASK_AFTER later
+   at the earliest. The pool itself releases nothing.
+2. The victim's pass (`verdict`) reads the request from its pool, only while the pool's
+   spec read with it still allows it (`still_asked`), and decides once per request on its
+   own lines and on its claims' facts as read in that pass, before anything else moves. If
    every claim holding capacity is Tentative and shows nothing past its commit point (no
-   dispatch, usage or submission, no pod bound or started, no workload pod that may still
-   start), and no child envelope or loan holds part of it, it records Preempted: each of
-   those claims is released once (reason Preempted, the path of a cancel before dispatch,
-   so its settlement key keeps it once), and the envelope closes and returns its balance to
-   the pool, which admits the preemptor in its turn. Otherwise it records Refused, and
-   nothing moves.
+   dispatch, usage or submission, no workload pod at all: creating one is sending the
+   branch), and no child envelope, loan or lost line holds part of it, it records
+   Preempted: each of those claims is released once (reason Preempted, the path of a
+   cancel before dispatch, so its settlement key keeps it once; one whose lease has lapsed
+   by then ends by the clock), and the envelope closes and returns its balance to the
+   pool, which admits the preemptor in its turn. Otherwise it records Refused, and nothing
+   moves.
 
 A dispatch written after the victim read its claims lands on a released claim and is
 refused, as after a lease's end: the SDK dispatches only a claim whose record still shows
