@@ -5,24 +5,33 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
+from decimal import Decimal
 
 from reservoir.core.inflight import IN_FLIGHT_LIMIT
-from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, status_bytes
+from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, base_bytes, pool_lines, status_bytes
 from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
     MAX_LEDGER_ENTRIES,
+    MAX_POOL_NAMESPACES,
+    MAX_PREEMPTIONS,
     MAX_RESOURCES,
     BranchClaimSpec,
+    ChildEntry,
+    ChildPhase,
     ClaimPhase,
     EnvelopePolicy,
     LateReport,
     LedgerEntry,
+    NamespaceUsage,
     Overrun,
+    PreemptionRequest,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
+    ReservationPoolStatus,
     Settlement,
 )
 from reservoir.core.model import ClaimPhase as P
+from reservoir.core.model.pool import MAX_TENTATIVE_CLAIMS
 from reservoir.core.reconcile import EnvelopeFacts, reconcile
 from tests.unit.sim import Sim
 
@@ -147,3 +156,51 @@ def test_a_wide_fan_out_is_admitted_in_batches_and_the_record_in_flight_stays_bo
     phases = [sim.phase(f"research-agent-branch-{i:04d}") for i in range(256)]
     assert phases.count(P.TENTATIVE) == 256
     assert sim.total("reserved") == "5120000"
+
+
+def test_a_pools_status_at_its_largest_stays_in_its_budget() -> None:
+    """Every line in flight its bound allows, at its largest, with 16 resources of the
+    longest names; every namespace's share; every preemption request: within what the
+    budget leaves beside the totals, summaries, conditions and windows (`base_bytes`)."""
+    dimensions = frozenset(f"{'r' * 62}{i:02d}" for i in range(MAX_RESOURCES))
+    full = {name: Decimal("999999999999999999.999999999") for name in dimensions}
+    long_name = "n" * 253
+    line = ChildEntry(
+        envelope=long_name,
+        stamp=2**40,
+        namespace="s" * 63,
+        phase=ChildPhase.SETTLED,
+        reserved=full,
+        consumed=full,
+        released=full,
+        reserved_at=NOW,
+        tentative_claims=MAX_TENTATIVE_CLAIMS,
+        priority_class="c" * 63,
+        settled_at=NOW,
+        reason="x" * 64,
+    )
+    request = PreemptionRequest(
+        envelope=long_name,
+        namespace="s" * 63,
+        preemptor=f"{'s' * 63}/{long_name}",
+        preemptor_uid="u" * 64,
+        priority_class="c" * 63,
+        requested_at=NOW,
+    )
+    status = ReservationPoolStatus(
+        children={f"{i:036d}": line for i in range(pool_lines(dimensions))},
+        shares={
+            f"{'s' * 61}{i:02d}": NamespaceUsage(
+                held=full,
+                share="1000000.0000",
+                weight=1000,
+                open=10_000,
+                waiting=10**9,
+                tentative_claims=MAX_TENTATIVE_CLAIMS * 10_000,
+            )
+            for i in range(MAX_POOL_NAMESPACES)
+        },
+        preemptions={f"{i:036d}": request for i in range(MAX_PREEMPTIONS)},
+    )
+    written = len(status.model_dump_json(by_alias=True, exclude_none=True).encode())
+    assert written <= LEDGER_BYTES_BUDGET - base_bytes(dimensions)

@@ -28,6 +28,7 @@ from reservoir.core.model import (
     NamespaceUsage,
     ParentKind,
     ParentRecord,
+    PreemptionRequest,
     ReservationEnvelopeStatus,
     ReservationPoolStatus,
     ResourceTotals,
@@ -709,3 +710,25 @@ async def test_a_line_kept_for_children_removed_by_hand_says_how_to_settle_it() 
     (line,) = [x for x in shown.split("\n") if x.strip().startswith("lost-children-7:")]
     assert "child envelopes removed by hand" in line
     assert "reservoir.dev/force-settle-gone" in line
+
+
+def test_a_pool_shows_whom_it_asked_to_give_their_room() -> None:
+    obj = pool_object()
+    status = ReservationPoolStatus.model_validate(obj["status"])
+    status.preemptions = {
+        "uid-1": PreemptionRequest(
+            envelope="explore",
+            namespace="team-a",
+            preemptor="team-b/incident",
+            preemptor_uid="uid-2",
+            priority_class="urgent",
+            requested_at=T0,
+        )
+    }
+    obj["status"] = status.to_api()
+    lines = show_pool(PoolView.from_api(obj)).split("\n")
+    start = lines.index("asked to give their room (preemption of tentative holds, undecided):")
+    assert [line.split() for line in lines[start + 1 :]] == [
+        ["ENVELOPE", "FOR", "CLASS", "ASKED"],
+        ["team-a/explore", "team-b/incident", "urgent", T0.strftime("%Y-%m-%dT%H:%M:%SZ")],
+    ]

@@ -553,6 +553,19 @@ def show_pool(pool: PoolView) -> str:
     if status.shares:
         lines += ["", "fair share (lowest weighted dominant share goes first):"]
         lines.append(shares_table(status.shares))
+    if status.preemptions:
+        lines += ["", "asked to give their room (preemption of tentative holds, undecided):"]
+        rows = [["ENVELOPE", "FOR", "CLASS", "ASKED"]]
+        rows += [
+            [
+                f"{r.namespace}/{r.envelope}",
+                r.preemptor,
+                r.priority_class,
+                r.requested_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+            ]
+            for r in sorted(status.preemptions.values(), key=lambda r: (r.namespace, r.envelope))
+        ]
+        lines.append(table(rows))
     return "\n".join(lines)
 
 

@@ -28,6 +28,7 @@ from reservoir.core.model import (
     MAX_ERROR_LENGTH,
     MAX_LOANS,
     MAX_NAME_LENGTH,
+    MAX_POOL_NAMESPACES,
     MAX_PREEMPTIONS,
     MAX_RESULT_LENGTH,
     MAX_TRANSITIONS,
@@ -49,6 +50,8 @@ GROWING_SCALARS_BYTES = 1024
 # Preemption (reservoir.core.preemption) at its largest: a pool's request (keyed by UID),
 # and an envelope's decision on one.
 PREEMPTION_REQUEST_BYTES = 48 + MAX_NAME_LENGTH + 63 + PREEMPTOR_LENGTH + 64 + 63 + 40 + 160
+# A namespace's line in `status.shares` beside what it holds: share, weight, counts, keys.
+SHARE_SCALARS_BYTES = 200
 PREEMPTION_RECORD_BYTES = PREEMPTOR_LENGTH + 64 + 63 + 16 + 40 + MESSAGE_LENGTH + 160
 # Recorded later for a device claim: the hand-off time and that the devices are free.
 DEVICES_RELEASED_BYTES = (
@@ -172,7 +175,8 @@ def pool_lines(dimensions: frozenset[str]) -> int:
     """How many lines a pool may have in flight: MAX_CHILDREN, fewer when its resources'
     names are so long that that many would not fit in the budget."""
     requests = MAX_PREEMPTIONS * PREEMPTION_REQUEST_BYTES
-    room = LEDGER_BYTES_BUDGET - base_bytes(dimensions) - requests
+    shares = MAX_POOL_NAMESPACES * (63 + map_bytes(dimensions) + SHARE_SCALARS_BYTES)
+    room = LEDGER_BYTES_BUDGET - base_bytes(dimensions) - requests - shares
     return max(2, min(MAX_CHILDREN, room // child_line_bytes(dimensions)))
 
 
