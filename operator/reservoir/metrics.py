@@ -330,10 +330,16 @@ class OpenClaim:
     reserved_at: datetime  # first_reserved_at: renewals never move it
     expires_at: datetime | None = None
     granted_at: datetime | None = None  # the last renewal, else the reservation
+    # Tentative past its lease when the pass that wrote it looked: held on purpose (a
+    # workload pod of it may still start), not a lapse the operator has yet to record.
+    held_past_lease: bool = False
 
     @classmethod
-    def of(cls, entries: Iterable[LedgerEntry]) -> tuple[OpenClaim, ...]:
-        """The claims of `entries` that hold capacity now, in a stable order."""
+    def of(
+        cls, entries: Iterable[LedgerEntry], passed_at: datetime | None = None
+    ) -> tuple[OpenClaim, ...]:
+        """The claims of `entries` that hold capacity now, in a stable order; `passed_at`:
+        when the pass that decided on them looked."""
         return tuple(
             cls(
                 phase=e.phase,
@@ -341,6 +347,10 @@ class OpenClaim:
                 reserved_at=e.first_reserved_at,
                 expires_at=e.expires_at,
                 granted_at=e.renewed_at or e.first_reserved_at,
+                held_past_lease=e.phase is ClaimPhase.TENTATIVE
+                and e.expires_at is not None
+                and passed_at is not None
+                and e.expires_at <= passed_at,
             )
             for e in entries
             if e.phase.holds_capacity and e.first_reserved_at is not None
@@ -381,8 +391,13 @@ class EnvelopeSnapshot:
         return min((c.reserved_at for c in self.open_claims), default=None)
 
     def leases(self) -> list[OpenClaim]:
-        """The open claims whose lease can still lapse."""
-        return [c for c in self.open_claims if c.phase in LEASED_PHASES and c.expires_at]
+        """The open claims whose lease can still lapse (not one held past it on purpose:
+        its lease says nothing more, and it hid the healthy claims' least time left)."""
+        return [
+            c
+            for c in self.open_claims
+            if c.phase in LEASED_PHASES and c.expires_at and not c.held_past_lease
+        ]
 
     def contract(self, resource: str) -> str:
         """The resource's contract as a label value (`_other` for the summed rest)."""
@@ -556,7 +571,9 @@ class EnvelopeGauges(Collector):
             "reservoir_envelope_lease_remaining_seconds",
             "The least time left on the lease of any open claim of the envelope (Tentative, "
             "Committed or Running) at the scrape, operator clock: below 0, a lapse the "
-            "operator has not recorded yet. Absent when no lease is open.",
+            "operator has not recorded yet (a Tentative claim it holds past its lease on "
+            "purpose, its workload pod may still start, is left out). Absent when no lease "
+            "is open.",
             labels=ENVELOPE,
         )
         lease_age = GaugeMetricFamily(

@@ -4,6 +4,7 @@ by the write that first records it (never again on a rewrite or a re-read)."""
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
@@ -582,3 +583,28 @@ def test_a_cancel_recorded_before_the_commit_is_observed_once_when_the_commit_is
     assert sample("reservoir_claim_cancel_after_dispatch_seconds_count", klass) == 1
     assert sample("reservoir_claim_cancel_after_dispatch_seconds_sum", klass) == 0
     assert sample("reservoir_claim_cancel_confirmation_seconds_count", klass) == 0
+
+
+def test_a_tentative_claim_held_past_its_lease_on_purpose_has_no_lease_left_to_show() -> None:
+    """The pass left it Tentative past its lease (its workload pod may still start): the
+    gauge shows the healthy claims' least time left, not a lapse growing without bound."""
+    now = datetime.now(UTC)
+    held = entry(
+        ClaimPhase.TENTATIVE,
+        "1",
+        first_reserved_at=now - timedelta(hours=1),
+        expires_at=now - timedelta(minutes=50),
+    )
+    healthy = entry(
+        ClaimPhase.TENTATIVE, "1", first_reserved_at=now, expires_at=now + timedelta(seconds=30)
+    )
+    gauges = metrics.EnvelopeGauges()
+    snap = replace(live_snapshot(now), open_claims=metrics.OpenClaim.of([held, healthy], now))
+    gauges.record("ns", "e", snap)
+    (remaining,) = gauge_samples(gauges, "reservoir_envelope_lease_remaining_seconds").values()
+    assert 28 < remaining <= 30
+    # Seen by a pass before it lapsed: a lapse not recorded yet, shown below 0.
+    snap = replace(snap, open_claims=metrics.OpenClaim.of([held], now - timedelta(hours=1)))
+    gauges.record("ns", "e", snap)
+    (remaining,) = gauge_samples(gauges, "reservoir_envelope_lease_remaining_seconds").values()
+    assert remaining < -2900
