@@ -20,7 +20,7 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from bench.fairshare import delete
@@ -139,10 +139,6 @@ def _admitted_at(body: dict[str, Any]) -> datetime | None:
     return datetime.fromisoformat(stamp.replace("Z", "+00:00")) if stamp else None
 
 
-def _created_at(body: dict[str, Any]) -> datetime:
-    return datetime.fromisoformat(body["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
-
-
 def run(client: Client, shape: Shape) -> Outcome:
     """Keep the pool (created, its namespaces served by an operator) full for
     `shape.seconds`; returns the urgent envelopes' waits. Everything it made is deleted."""
@@ -151,6 +147,11 @@ def run(client: Client, shape: Shape) -> Outcome:
     gone: set[str] = set()
     urgent_done: set[str] = set()
     made = {"batch": 0, "urgent": 0}
+    # When each urgent envelope was sent, on the machine's clock (the operator's too: it
+    # runs here). Not creationTimestamp, which the API server keeps to the second (review:
+    # that added up to 1 s to every wait).
+    sent: dict[str, datetime] = {}
+    run_id = "p" if shape.preempt else "n"  # the two runs' names never meet
     started = time.monotonic()
     next_urgent = started + shape.every
     while (now := time.monotonic()) - started < shape.seconds:
@@ -179,13 +180,14 @@ def run(client: Client, shape: Shape) -> Outcome:
             else:
                 waiting += 1
         for _ in range(shape.waiting - waiting):
-            name = f"batch-{made['batch']:05d}"
+            name = f"{run_id}-batch-{made['batch']:05d}"
             made["batch"] += 1
             client.create(envelope_object(shape.batch, name, "batch"))
             client.create(claim_object(shape.batch, name, dispatched=made_dispatched(name)))
         if now >= next_urgent:
-            name = f"urgent-{made['urgent']:04d}"
+            name = f"{run_id}-urgent-{made['urgent']:04d}"
             made["urgent"] += 1
+            sent[name] = datetime.now(UTC)
             client.create(envelope_object(shape.urgent, name, "urgent"))
             next_urgent += shape.every
         for item in client.list(
@@ -194,9 +196,9 @@ def run(client: Client, shape: Shape) -> Outcome:
             body = item.to_dict()
             name = body["metadata"]["name"]
             admitted = _admitted_at(body)
-            if name in urgent_done or admitted is None:
+            if name in urgent_done or name not in sent or admitted is None:
                 continue
-            waited = max((admitted - _created_at(body)).total_seconds(), 0.0)
+            waited = max((admitted - sent[name]).total_seconds(), 0.0)
             outcome.waits.append((now - started - waited, waited))  # by when it was created
             urgent_done.add(name)
             delete(client, shape.urgent, name, ReservationEnvelope)

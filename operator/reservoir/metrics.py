@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -276,8 +276,9 @@ renewal_margin = BoundedHistogram(
 )
 cancel_after_dispatch = BoundedHistogram(
     "reservoir_claim_cancel_after_dispatch_seconds",
-    "From a claim's commit point (dispatch) to the cancel (or deletion) the operator first "
-    "saw after it, as recorded on the claim's ledger line.",
+    "From a claim's commit point (dispatch) to the cancel (or deletion), as recorded on the "
+    "claim's ledger line; observed once, when both are recorded (a cancel recorded before "
+    "the commit point counts as 0 s).",
     CLASS,
     buckets=(0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600, 14400),
 )
@@ -355,6 +356,19 @@ class OpenClaim:
             for e in entries
             if e.phase.holds_capacity and e.first_reserved_at is not None
         )
+
+    @classmethod
+    def of_pass(
+        cls,
+        lines: Mapping[str, LedgerEntry],
+        passed_at: datetime,
+        postponed: Collection[str] = (),
+    ) -> tuple[OpenClaim, ...]:
+        """The open claims after a pass at `passed_at`. The lines it `postponed` (past its
+        moves' bound) were not decided on then: a lapse among them is one not recorded yet,
+        not a claim held past its lease on purpose (found by review)."""
+        decided = cls.of((e for uid, e in lines.items() if uid not in postponed), passed_at)
+        return decided + cls.of(e for uid, e in lines.items() if uid in postponed)
 
 
 @dataclass(frozen=True)
@@ -466,6 +480,8 @@ class EnvelopeGauges(Collector):
             if (namespace, envelope) in self._shown:
                 del self._shown[(namespace, envelope)]
                 self._places[namespace] -= 1
+                if not self._places[namespace]:
+                    del self._places[namespace]  # namespaces come and go
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

@@ -7,10 +7,19 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from decimal import Decimal
 
+import pytest
+
 from reservoir.core.inflight import IN_FLIGHT_LIMIT
-from reservoir.core.ledgersize import LEDGER_BYTES_BUDGET, base_bytes, pool_lines, status_bytes
+from reservoir.core.ledgersize import (
+    LEDGER_BYTES_BUDGET,
+    base_bytes,
+    parent_record_bytes,
+    pool_lines,
+    status_bytes,
+)
 from reservoir.core.lifecycle import ClaimFacts, PodFacts
 from reservoir.core.model import (
+    MAX_DEPTH,
     MAX_LEDGER_ENTRIES,
     MAX_POOL_NAMESPACES,
     MAX_PREEMPTIONS,
@@ -24,6 +33,8 @@ from reservoir.core.model import (
     LedgerEntry,
     NamespaceUsage,
     Overrun,
+    ParentKind,
+    ParentRecord,
     PreemptionRequest,
     ReservationEnvelopeSpec,
     ReservationEnvelopeStatus,
@@ -158,27 +169,59 @@ def test_a_wide_fan_out_is_admitted_in_batches_and_the_record_in_flight_stays_bo
     assert sim.total("reserved") == "5120000"
 
 
-def test_a_pools_status_at_its_largest_stays_in_its_budget() -> None:
-    """Every line in flight its bound allows, at its largest, with 16 resources of the
-    longest names; every namespace's share; every preemption request: within what the
-    budget leaves beside the totals, summaries, conditions and windows (`base_bytes`)."""
-    dimensions = frozenset(f"{'r' * 62}{i:02d}" for i in range(MAX_RESOURCES))
-    full = {name: Decimal("999999999999999999.999999999") for name in dimensions}
-    long_name = "n" * 253
-    line = ChildEntry(
-        envelope=long_name,
-        stamp=2**40,
+LONGEST_DIMENSIONS = frozenset(f"{'r' * 62}{i:02d}" for i in range(MAX_RESOURCES))
+
+
+def largest_map(dimensions: frozenset[str]) -> dict[str, Decimal]:
+    return {name: Decimal("999999999999999999.999999999") for name in dimensions}
+
+
+def largest_line(dimensions: frozenset[str]) -> ChildEntry:
+    """A child envelope's line with every field at its largest."""
+    full = largest_map(dimensions)
+    return ChildEntry(
+        envelope="n" * 253,
+        stamp=2**62,
         namespace="s" * 63,
         phase=ChildPhase.SETTLED,
         reserved=full,
         consumed=full,
         released=full,
         reserved_at=NOW,
-        tentative_claims=MAX_TENTATIVE_CLAIMS,
+        tentative_claims=2**62,
         priority_class="c" * 63,
         settled_at=NOW,
         reason="x" * 64,
     )
+
+
+@pytest.mark.parametrize("dimensions", [frozenset({"t"}), LONGEST_DIMENSIONS], ids=["1", "16"])
+def test_an_envelopes_parent_record_at_its_largest_stays_in_its_allowance(
+    dimensions: frozenset[str],
+) -> None:
+    record = ParentRecord(
+        kind=ParentKind.POOL,
+        name="p" * 253,
+        uid="u" * 64,
+        depth=MAX_DEPTH,
+        admitted_at=NOW,
+        reserved=largest_map(dimensions),
+        stamp=2**62,
+        tentative_claims=2**62,
+        priority_class="c" * 63,
+        settled=largest_line(dimensions),
+    )
+    written = len(record.model_dump_json(by_alias=True, exclude_none=True).encode())
+    assert written <= parent_record_bytes(dimensions)
+
+
+def test_a_pools_status_at_its_largest_stays_in_its_budget() -> None:
+    """Every line in flight its bound allows, at its largest, with 16 resources of the
+    longest names; every namespace's share; every preemption request: within what the
+    budget leaves beside the totals, summaries, conditions and windows (`base_bytes`)."""
+    dimensions, full = LONGEST_DIMENSIONS, largest_map(LONGEST_DIMENSIONS)
+    long_name = "n" * 253
+    line = largest_line(LONGEST_DIMENSIONS)
     request = PreemptionRequest(
         envelope=long_name,
         namespace="s" * 63,

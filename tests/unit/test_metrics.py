@@ -554,6 +554,8 @@ def test_one_namespace_takes_at_most_its_share_of_the_envelope_places() -> None:
     gauges.record("busy", "e4", snapshot())
     shown = {k[:2] for k in gauge_samples(gauges, "reservoir_envelope_info")}
     assert shown == {("busy", "e1"), ("busy", "e4"), ("quiet", "q0")}
+    gauges.forget("quiet", "q0")  # a namespace that goes leaves nothing behind
+    assert "quiet" not in gauges._places
 
 
 def test_a_cancel_recorded_before_the_commit_is_observed_once_when_the_commit_is() -> None:
@@ -608,3 +610,23 @@ def test_a_tentative_claim_held_past_its_lease_on_purpose_has_no_lease_left_to_s
     gauges.record("ns", "e", snap)
     (remaining,) = gauge_samples(gauges, "reservoir_envelope_lease_remaining_seconds").values()
     assert remaining < -2900
+
+
+def test_a_lapse_the_pass_postponed_is_one_not_recorded_yet() -> None:
+    """Past its moves' bound, a pass leaves lapsed Tentative lines for the next one: their
+    lapse is not recorded yet, and the gauge says so (below 0)."""
+    now = datetime.now(UTC)
+    lapsed = entry(
+        ClaimPhase.TENTATIVE,
+        "1",
+        first_reserved_at=now - timedelta(minutes=2),
+        expires_at=now - timedelta(seconds=60),
+    )
+    open_claims = metrics.OpenClaim.of_pass({"u": lapsed}, now, postponed={"u"})
+    gauges = metrics.EnvelopeGauges()
+    gauges.record("ns", "e", replace(live_snapshot(now), open_claims=open_claims))
+    (remaining,) = gauge_samples(gauges, "reservoir_envelope_lease_remaining_seconds").values()
+    assert remaining < -59
+    decided = metrics.OpenClaim.of_pass({"u": lapsed}, now)
+    gauges.record("ns", "e", replace(live_snapshot(now), open_claims=decided))
+    assert not gauge_samples(gauges, "reservoir_envelope_lease_remaining_seconds")

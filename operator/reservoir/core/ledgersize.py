@@ -160,12 +160,19 @@ def child_line_bytes(dimensions: Iterable[str]) -> int:
     return 48 + MAX_NAME_LENGTH + 63 + 3 * map_bytes(dimensions) + 400
 
 
+def parent_record_bytes(dimensions: Iterable[str]) -> int:
+    """The most an envelope's `status.parent` takes: names, times, what it was reserved,
+    its class and grant, and its settled line."""
+    names = MAX_NAME_LENGTH + 64 + 63 + 200  # parent's name and UID, class, keys and times
+    return names + 2 * map_bytes(dimensions) + child_line_bytes(dimensions)
+
+
 def tree_bytes(dimensions: frozenset[str]) -> int:
     """Reserved up front in every envelope's budget: its child lines, its loans out and in,
     where it draws from, and what it wants, all at their largest. Budgets nest at a fixed
     cost, so nothing a tree does can push a ledger past etcd's limit."""
     loans = 2 * MAX_LOANS * (48 + MAX_NAME_LENGTH + 4 * map_bytes(dimensions) + 300)
-    parent = MAX_NAME_LENGTH + 64 + 2 * map_bytes(dimensions) + child_line_bytes(dimensions)
+    parent = parent_record_bytes(dimensions)
     wants = map_bytes(dimensions) + 128
     lines = MAX_ENVELOPE_CHILDREN * child_line_bytes(dimensions)
     return lines + loans + parent + wants + PREEMPTION_RECORD_BYTES

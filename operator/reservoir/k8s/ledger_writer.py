@@ -1483,7 +1483,7 @@ def snapshot(
         peak=result.status.peak,
         windows=result.status.windows,
         shortfall=result.short[1] if result.short is not None else {},
-        open_claims=metrics.OpenClaim.of(result.lines.values(), result.now),
+        open_claims=metrics.OpenClaim.of_pass(result.lines, result.now, result.postponed),
     )
 
 

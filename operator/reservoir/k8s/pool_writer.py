@@ -127,8 +127,13 @@ class PoolWriter:
             # decide; being deleted, the pool closes them all. (The others have nothing to
             # read here: a pool of thousands of envelopes wakes only those its write
             # concerns.)
+            preempting = {r.preemptor_uid for r in result.status.preemptions.values()} | {
+                r.preemptor_uid for r in status.preemptions.values()
+            }
             for uid, envelope in bodies.items():
-                asked = uid in result.status.preemptions  # to decide on a request
+                # Asked to decide on a request, or waiting for those asked for it (its
+                # queue reason counts them).
+                asked = uid in result.status.preemptions or uid in preempting
                 if facts.deleting or uid in result.status.children or asked:
                     meta = envelope["metadata"]
                     self.poke_envelope(meta["namespace"], meta["name"])
