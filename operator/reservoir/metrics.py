@@ -440,7 +440,6 @@ class EnvelopeGauges(Collector):
     _lock: threading.Lock = field(default_factory=threading.Lock)
     # The envelopes shown by name, in the order first seen; the others are summed.
     _shown: dict[tuple[str, str], None] = field(default_factory=dict)
-    _places: dict[str, int] = field(default_factory=dict)  # shown, per namespace
     stale_after: float = STALE_AFTER_SECONDS
     max_envelopes: int = MAX_ENVELOPES
     # One tenant's envelopes take at most this many of the places: 500 envelopes of one
@@ -453,10 +452,9 @@ class EnvelopeGauges(Collector):
             if (
                 key not in self._shown
                 and len(self._shown) < self.max_envelopes
-                and self._places.get(namespace, 0) < self.max_per_namespace
+                and sum(ns == namespace for ns, _ in self._shown) < self.max_per_namespace
             ):
                 self._shown[key] = None
-                self._places[namespace] = self._places.get(namespace, 0) + 1
             self._snapshots[(namespace, envelope)] = snapshot
             self._healthy[(namespace, envelope)] = True
             self._seen[(namespace, envelope)] = time.monotonic()
@@ -477,11 +475,7 @@ class EnvelopeGauges(Collector):
             self._snapshots.pop((namespace, envelope), None)
             self._healthy.pop((namespace, envelope), None)
             self._seen.pop((namespace, envelope), None)
-            if (namespace, envelope) in self._shown:
-                del self._shown[(namespace, envelope)]
-                self._places[namespace] -= 1
-                if not self._places[namespace]:
-                    del self._places[namespace]  # namespaces come and go
+            self._shown.pop((namespace, envelope), None)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:

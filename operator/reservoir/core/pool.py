@@ -133,7 +133,8 @@ def reconcile_pool(
     )
     if lost is not None:
         children.events.append(LedgerEvent(lost, lost, "ChildLinesLost", LOST_MESSAGE))
-    settle_children(children, {e.uid: e for e in envelopes}, pool.force_settle_gone)
+    by_uid = {e.uid: e for e in envelopes}
+    settle_children(children, by_uid, pool.force_settle_gone)
     lines = view.lines
     balance = compute_totals(pool.spec.capacity, children.committed, (), lines.values()).available
     # What is spent for good (Consumable) never comes back to be admitted into.
@@ -143,14 +144,8 @@ def reconcile_pool(
     order, head = admit_fairly(pool, rules, children, waiting, lines, balance, spent)
     # Worked out again at every pass: a pool that admits nothing (Closed, or going) has no
     # head, and asks no one.
-    asked = requests(
-        rules,
-        status.preemptions,
-        head,
-        holders(rules, lines, {e.uid: e for e in envelopes}),
-        holdings(lines.values())[0],
-        now,
-    )
+    held = holdings(lines.values())  # after this pass's admissions
+    asked = requests(rules, status.preemptions, head, holders(rules, lines, by_uid), held[0], now)
     ledger.preemptions = asked.requests
     children.events += asked.events
     ledger.windows = record_windows(children.committed, ledger.windows, contracts, now)
@@ -163,7 +158,7 @@ def reconcile_pool(
     if children.pending:
         counts["Pending"] = len(children.pending)
     ledger.counts = dict(sorted(counts.items()))
-    ledger.shares = namespace_usage(pool, rules, lines, envelopes, children.pending)
+    ledger.shares = namespace_usage(pool, rules, held, envelopes, children.pending)
     ledger.summary = EnvelopeSummary(
         capacity=one_line(ledger.totals.capacity),
         available=one_line(ledger.totals.available),
@@ -328,9 +323,11 @@ def short_of_room(waits: Admission | None) -> bool:
     return waits is not None and waits.reason == "InsufficientCapacity"
 
 
-def holdings(
-    lines: Iterable[ChildEntry],
-) -> tuple[dict[str, dict[str, Decimal]], dict[str, int], dict[str, int]]:
+# What each namespace's open envelopes hold, how many there are, their tentative grants.
+Holdings = tuple[dict[str, dict[str, Decimal]], dict[str, int], dict[str, int]]
+
+
+def holdings(lines: Iterable[ChildEntry]) -> Holdings:
     """What each namespace's open envelopes hold here, how many there are, and the
     tentative claims they were granted."""
     held: dict[str, dict[str, Decimal]] = {}
@@ -348,12 +345,13 @@ def holdings(
 def namespace_usage(
     pool: PoolFacts,
     rules: SharingRules,
-    lines: Mapping[str, ChildEntry],
+    holding: Holdings,
     envelopes: Sequence[ChildFacts],
     pending: Mapping[str, Admission],
 ) -> dict[str, NamespaceUsage]:
-    """Per namespace holding or waiting here: the pool's fair-share standing."""
-    held, open_counts, tentative = holdings(lines.values())
+    """Per namespace holding or waiting here (`holding`: what `holdings` found): the pool's
+    fair-share standing."""
+    held, open_counts, tentative = holding
     waiting: dict[str, int] = {}
     for envelope in envelopes:
         if envelope.uid in pending:
